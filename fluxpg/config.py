@@ -419,6 +419,7 @@ class QueueConfig(_Strict):
             "delivery": {
                 "visibility_timeout": format_duration(qm.visibility_timeout),
                 "max_pending": qm.max_pending_per_group,
+                "auto_commit_interval": format_duration(qm.auto_commit_interval),
             },
         }
 

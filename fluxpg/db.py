@@ -1,0 +1,284 @@
+"""Database access: schema migrations (Alembic), the asyncpg pool, named queries from sql/, and the
+LISTEN/NOTIFY listener.
+
+SQL lives in files under sql/ (shipped in the wheel as fluxpg/_data/sql); Python calls the SQL
+API functions and named queries, never builds SQL of its own on the hot path.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+from collections.abc import Awaitable, Callable
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from fluxpg.queues.types import SQLSTATE_ERRORS, FluxError, Unavailable
+
+log = logging.getLogger("fluxpg.db")
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+MIGRATION_LOCK = 0x666C7570  # 'flup': serialises concurrent `migrate` runs of several nodes
+
+
+def resource_dir(name: str) -> Path:
+    """sql/ or migrations/: inside the installed wheel, else at the top of a checkout."""
+    for candidate in (_PACKAGE_DIR / "_data" / name, _PACKAGE_DIR.parent / name):
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError(f"fluxpg is installed without its {name}/ directory")
+
+
+def read_sql(name: str) -> str:
+    return (resource_dir("sql") / name).read_text(encoding="utf-8")
+
+
+def run_sql_file(bind: Any, name: str) -> None:
+    """Execute a whole sql/ file on an Alembic/SQLAlchemy connection, in its transaction.
+
+    Goes to the psycopg connection underneath with no parameters, so '%' in the SQL is literal
+    and the file may hold many statements.
+    """
+    raw = bind.connection.dbapi_connection
+    with raw.cursor() as cur:
+        cur.execute(read_sql(name))
+
+
+# --------------------------------------------------------------------------------------------
+# Migrations
+# --------------------------------------------------------------------------------------------
+
+def sqlalchemy_url(dsn: str) -> str:
+    """A libpq DSN/URL as an SQLAlchemy URL using psycopg 3."""
+    if "://" not in dsn:
+        # key=value form: psycopg accepts it through the `dsn` query argument
+        from urllib.parse import quote
+        return "postgresql+psycopg:///?dsn=" + quote(dsn)
+    scheme, rest = dsn.split("://", 1)
+    if scheme in ("postgres", "postgresql"):
+        return "postgresql+psycopg://" + rest
+    return dsn
+
+
+def _alembic(dsn: str):
+    from alembic.config import Config as AlembicConfig
+
+    cfg = AlembicConfig()
+    cfg.set_main_option("script_location", str(resource_dir("migrations")))
+    cfg.set_main_option("sqlalchemy.url", sqlalchemy_url(dsn).replace("%", "%%"))
+    return cfg
+
+
+def _with_lock(dsn: str, fn: Callable[[Any], None]) -> None:
+    from sqlalchemy import create_engine, pool, text
+
+    engine = create_engine(sqlalchemy_url(dsn), poolclass=pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": MIGRATION_LOCK})
+            conn.commit()
+            try:
+                fn(conn)
+            finally:
+                conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": MIGRATION_LOCK})
+                conn.commit()
+    finally:
+        engine.dispose()
+
+
+def migrate(dsn: str, revision: str = "head") -> None:
+    """Upgrade the schema to `revision`; a no-op when it is there already."""
+    from alembic import command
+
+    def run(conn):
+        cfg = _alembic(dsn)
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, revision)
+        conn.commit()
+
+    _with_lock(dsn, run)
+
+
+def downgrade(dsn: str, revision: str = "base") -> None:
+    """Downgrade; at base nothing of fluxpg is left (its schema and version table are dropped)."""
+    from alembic import command
+    from sqlalchemy import text
+
+    def run(conn):
+        cfg = _alembic(dsn)
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, revision)
+        conn.commit()
+        if revision == "base":
+            conn.execute(text("DROP TABLE IF EXISTS fluxpg.alembic_version"))
+            leftover = conn.execute(text(
+                "SELECT count(*) FROM pg_class WHERE relnamespace = 'fluxpg'::regnamespace")).scalar() \
+                if conn.execute(text("SELECT to_regnamespace('fluxpg')")).scalar() else None
+            if leftover == 0:
+                conn.execute(text("DROP SCHEMA IF EXISTS fluxpg"))
+            conn.commit()
+
+    _with_lock(dsn, run)
+
+
+def current_revision(dsn: str) -> str | None:
+    from sqlalchemy import create_engine, pool, text
+
+    engine = create_engine(sqlalchemy_url(dsn), poolclass=pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            if not conn.execute(text("SELECT to_regclass('fluxpg.alembic_version')")).scalar():
+                return None
+            return conn.execute(text("SELECT version_num FROM fluxpg.alembic_version")).scalar()
+    finally:
+        engine.dispose()
+
+
+def head_revision() -> str:
+    from alembic.script import ScriptDirectory
+
+    return ScriptDirectory.from_config(_alembic("postgresql://localhost/x")).get_current_head()
+
+
+# --------------------------------------------------------------------------------------------
+# Named queries
+# --------------------------------------------------------------------------------------------
+
+_NAME = re.compile(r"^--\s*name:\s*([A-Za-z_][A-Za-z0-9_]*)\s*$", re.M)
+
+
+@lru_cache(maxsize=None)
+def queries() -> dict[str, str]:
+    """Named queries of sql/queries.sql: sections starting with `-- name: <name>`."""
+    text = read_sql("queries.sql")
+    parts = _NAME.split(text)
+    named = {}
+    for name, body in zip(parts[1::2], parts[2::2]):
+        named[name] = body.strip().rstrip(";")
+    return named
+
+
+# --------------------------------------------------------------------------------------------
+# Pool and errors
+# --------------------------------------------------------------------------------------------
+
+async def _init_connection(conn: asyncpg.Connection, node_id: int | None) -> None:
+    await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
+    await conn.set_type_codec("json", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
+    if node_id is not None:
+        await conn.execute("SELECT set_config('fluxpg.node_id', $1, false)", str(node_id))
+
+
+async def create_pool(dsn: str, *, min_size: int = 2, max_size: int = 10,
+                      node_id: int | None = None) -> asyncpg.Pool:
+    async def init(conn):
+        await _init_connection(conn, node_id)
+
+    try:
+        return await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size, init=init,
+                                         command_timeout=60, max_inactive_connection_lifetime=300)
+    except (OSError, asyncpg.PostgresError) as exc:
+        raise Unavailable(f"cannot connect to PostgreSQL: {exc}") from exc
+
+
+async def connect(dsn: str, node_id: int | None = None) -> asyncpg.Connection:
+    try:
+        conn = await asyncpg.connect(dsn)
+    except (OSError, asyncpg.PostgresError) as exc:
+        raise Unavailable(f"cannot connect to PostgreSQL: {exc}") from exc
+    await _init_connection(conn, node_id)
+    return conn
+
+
+def translate_error(exc: BaseException) -> FluxError:
+    """A database exception as the FluxError a client is told about."""
+    if isinstance(exc, FluxError):
+        return exc
+    if isinstance(exc, asyncpg.PostgresError):
+        state = getattr(exc, "sqlstate", None) or ""
+        cls = SQLSTATE_ERRORS.get(state)
+        message = getattr(exc, "message", None) or str(exc)
+        if cls is not None:
+            return cls(message, sqlstate=state)
+        return Unavailable(f"database error {state}: {message}", sqlstate=state)
+    if isinstance(exc, (OSError, asyncio.TimeoutError, asyncpg.InterfaceError)):
+        return Unavailable(f"database unavailable: {exc}")
+    return Unavailable(f"{type(exc).__name__}: {exc}")
+
+
+# --------------------------------------------------------------------------------------------
+# LISTEN / NOTIFY
+# --------------------------------------------------------------------------------------------
+
+class Listener:
+    """One dedicated connection LISTENing on channels; reconnects with backoff when it drops.
+
+    After a reconnect every callback is called with payload None: notifications sent while we
+    were away are lost, so consumers must re-check the database.
+    """
+
+    def __init__(self, dsn: str, callbacks: dict[str, Callable[[str | None], Awaitable[None] | None]]):
+        self._dsn = dsn
+        self._callbacks = callbacks
+        self._conn: asyncpg.Connection | None = None
+        self._task: asyncio.Task | None = None
+        self._lost = asyncio.Event()
+        self._closed = False
+        self.connected = asyncio.Event()
+
+    async def start(self) -> None:
+        await self._connect()
+        self._task = asyncio.create_task(self._watch(), name="fluxpg-listener")
+
+    async def _connect(self) -> None:
+        conn = await asyncpg.connect(self._dsn)
+        self._lost.clear()
+        conn.add_termination_listener(lambda _c: self._lost.set())
+        for channel in self._callbacks:
+            await conn.add_listener(channel, self._on_notify)
+        self._conn = conn
+        self.connected.set()
+
+    def _on_notify(self, _conn, _pid, channel: str, payload: str) -> None:
+        self._dispatch(channel, payload)
+
+    def _dispatch(self, channel: str, payload: str | None) -> None:
+        result = self._callbacks[channel](payload)
+        if asyncio.iscoroutine(result):
+            asyncio.ensure_future(result)
+
+    async def _watch(self) -> None:
+        delay = 0.1
+        while not self._closed:
+            await self._lost.wait()
+            self.connected.clear()
+            if self._closed:
+                return
+            log.warning("LISTEN connection lost; reconnecting")
+            while not self._closed:
+                try:
+                    await self._connect()
+                    delay = 0.1
+                    for channel in self._callbacks:
+                        self._dispatch(channel, None)
+                    break
+                except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                    log.debug("reconnect failed: %s", exc)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 5.0)
+
+    async def close(self) -> None:
+        self._closed = True
+        self._lost.set()
+        if self._task:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        if self._conn is not None and not self._conn.is_closed():
+            await self._conn.close()

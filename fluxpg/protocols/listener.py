@@ -1,0 +1,160 @@
+"""TCP listeners. Every listener serves every protocol: the first bytes of a connection say which.
+
+AMQP 0-9-1 starts with `AMQP\\x00\\x00\\x09\\x01`, AMQP 1.0 with `AMQP\\x00\\x01\\x00\\x00` or (SASL)
+`AMQP\\x03\\x01\\x00\\x00`, MQTT with a CONNECT packet (first byte 0x10), HTTP with a method name.
+An unknown header gets the AMQP 0-9-1 protocol header back (what AMQP peers expect) and a close.
+
+A protocol handler is an async function `handle(reader, writer, initial: bytes, ctx: BrokerContext)`
+that owns the connection from then on; `initial` are the bytes already read for sniffing.
+"""
+from __future__ import annotations
+
+import asyncio
+import errno
+import importlib
+import logging
+import socket
+import ssl as ssl_module
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger("fluxpg.listener")
+
+SNIFF_TIMEOUT = 10.0
+AMQP091_HEADER = b"AMQP\x00\x00\x09\x01"
+AMQP10_HEADER = b"AMQP\x00\x01\x00\x00"
+AMQP10_SASL_HEADER = b"AMQP\x03\x01\x00\x00"
+HTTP_METHODS = (b"GET ", b"POST", b"HEAD", b"PUT ", b"DELE", b"OPTI")
+
+# protocol → "module:function" of its connection handler (imported on first use, so a listener
+# works with whichever front-ends exist).
+HANDLERS = {
+    "mqtt": "fluxpg.protocols.mqtt.session:handle",
+    "amqp091": "fluxpg.protocols.amqp091.connection:handle",
+    "amqp10": "fluxpg.protocols.amqp10.connection:handle",
+    "http": "fluxpg.protocols.http:handle",
+}
+
+
+class ListenerError(Exception):
+    """A listener could not start (the message is one line, fit for the user)."""
+
+
+@dataclass
+class BrokerContext:
+    """What every connection handler gets: the queue manager, the config, and a place for
+    protocol-wide state (MQTT retained messages and sessions, the AMQP container id, …)."""
+
+    manager: Any
+    config: Any
+    state: dict[str, Any] = field(default_factory=dict)
+    connections: set[asyncio.Task] = field(default_factory=set)
+
+
+def sniff(data: bytes) -> str | None:
+    """The protocol of a connection from its first bytes; None when it is none we speak.
+    Needs 1 byte for MQTT and 8 for AMQP."""
+    if not data:
+        return None
+    if data[0] == 0x10:
+        return "mqtt"
+    if data.startswith(b"AMQP"):
+        header = data[:8]
+        if header == AMQP091_HEADER:
+            return "amqp091"
+        if header in (AMQP10_HEADER, AMQP10_SASL_HEADER):
+            return "amqp10"
+        return None
+    if data[:4] in HTTP_METHODS:
+        return "http"
+    return None
+
+
+def _load(protocol: str):
+    module_name, func = HANDLERS[protocol].split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            return None
+        raise
+    return getattr(module, func, None)
+
+
+async def _read_header(reader: asyncio.StreamReader) -> bytes:
+    first = await reader.readexactly(1)
+    if first[0] == 0x10:
+        return first
+    # AMQP and HTTP need more bytes; a short header that then stalls times out.
+    rest = await reader.readexactly(7)
+    return first + rest
+
+
+class Listener:
+    def __init__(self, name: str, host: str, port: int, ctx: BrokerContext, *,
+                 ssl: ssl_module.SSLContext | None = None, flag: str | None = None, reuse_port: bool = False):
+        self.name = name
+        self.host = host
+        self.port = port
+        self.ctx = ctx
+        self.ssl = ssl
+        self.flag = flag or f"--{name}"
+        self.reuse_port = reuse_port
+        self.server: asyncio.AbstractServer | None = None
+
+    async def start(self) -> None:
+        try:
+            self.server = await asyncio.start_server(self._accept, self.host, self.port, ssl=self.ssl,
+                                                     reuse_port=self.reuse_port or None, limit=2 ** 20)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise ListenerError(f"{self.name} listener: {self.host}:{self.port} is already in use; "
+                                    f"choose another address with {self.flag} HOST:PORT or listeners.{self.name} "
+                                    f"in the config") from None
+            raise ListenerError(f"{self.name} listener: cannot listen on {self.host}:{self.port}: "
+                                f"{exc.strerror or exc}") from None
+        sock = self.server.sockets[0]
+        self.port = sock.getsockname()[1]
+        log.info("%s listener on %s:%d%s", self.name, self.host, self.port, " (TLS)" if self.ssl else "")
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        self.ctx.connections.add(task)
+        try:
+            sock = writer.get_extra_info("socket")
+            if sock is not None:
+                try:
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                except OSError:
+                    pass
+            try:
+                initial = await asyncio.wait_for(_read_header(reader), SNIFF_TIMEOUT)
+            except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError):
+                return
+            protocol = sniff(initial)
+            handler = _load(protocol) if protocol else None
+            if handler is None:
+                log.info("%s: unknown or unsupported protocol header %r from %s", self.name, initial,
+                         writer.get_extra_info("peername"))
+                writer.write(AMQP091_HEADER)
+                await writer.drain()
+                return
+            await handler(reader, writer, initial, self.ctx)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - one bad connection never takes the listener down
+            log.exception("%s: connection handler failed", self.name)
+        finally:
+            self.ctx.connections.discard(task)
+            try:
+                writer.close()
+                await asyncio.wait_for(writer.wait_closed(), 2)
+            except (Exception, asyncio.CancelledError):  # noqa: BLE001
+                pass
+
+    async def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()

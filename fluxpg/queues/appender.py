@@ -1,0 +1,136 @@
+"""Group commit of publishes.
+
+Publishes that arrive while the previous batch is committing are coalesced into the next batch:
+one `fluxpg.append_batch` call, one transaction, one NOTIFY. Each publisher's future resolves only
+after its batch committed (so a PUBACK / confirm / accepted disposition never runs ahead of the
+database). One batch is in flight at a time, which keeps the commit order equal to the order
+publishes were handed in: a connection that publishes m1 then m2 sees seq(m1) < seq(m2).
+
+A batch that fails (a full queue, an oversized message) is retried publish by publish, so one bad
+publish fails alone and the others still commit.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+
+from fluxpg.db import queries, translate_error
+from fluxpg.queues.types import FluxError, Unavailable
+
+log = logging.getLogger("fluxpg.appender")
+
+
+@dataclass(slots=True)
+class AppendRow:
+    queue_id: int
+    topic: str
+    payload: bytes
+    headers: dict[str, Any] | None
+    key: str | None = None
+
+
+@dataclass(slots=True)
+class _Request:
+    rows: list[AppendRow]
+    future: asyncio.Future
+
+
+class Appender:
+    def __init__(self, pool: asyncpg.Pool, *, max_batch_rows: int = 2000):
+        self._pool = pool
+        self._max_rows = max_batch_rows
+        self._queue: deque[_Request] = deque()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._closed = False
+        self._sql = queries()["append_batch"]
+        self.batches = 0  # statistics: transactions committed
+        self.rows = 0
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="fluxpg-appender")
+
+    async def append(self, rows: list[AppendRow]) -> list[tuple[int, int, int]]:
+        """Append rows in one transaction with whatever else is waiting; returns
+        (queue_id, partition, seq) per row once committed. Raises FluxError."""
+        if self._closed:
+            raise Unavailable("the broker is shutting down")
+        fut = asyncio.get_running_loop().create_future()
+        self._queue.append(_Request(rows, fut))
+        self._wake.set()
+        return await fut
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._queue:
+                batch, n = [], 0
+                while self._queue and (not batch or n + len(self._queue[0].rows) <= self._max_rows):
+                    req = self._queue.popleft()
+                    batch.append(req)
+                    n += len(req.rows)
+                await self._commit(batch)
+            if self._closed:
+                return
+
+    async def _commit(self, batch: list[_Request]) -> None:
+        live = [r for r in batch if not r.future.done()]
+        if not live:
+            return
+        try:
+            results = await self._execute([row for r in live for row in r.rows])
+        except Exception as exc:  # noqa: BLE001 - every failure is reported to the publishers
+            err = translate_error(exc)
+            if len(live) > 1 and not isinstance(err, Unavailable):
+                # Find the publish that broke the batch: retry each alone.
+                for req in live:
+                    await self._commit([req])
+                return
+            for req in live:
+                if not req.future.done():
+                    req.future.set_exception(err)
+            return
+        i = 0
+        for req in live:
+            k = len(req.rows)
+            if not req.future.done():
+                req.future.set_result(results[i:i + k])
+            i += k
+
+    async def _execute(self, rows: list[AppendRow]) -> list[tuple[int, int, int]]:
+        async with self._pool.acquire() as conn:
+            records = await conn.fetch(
+                self._sql,
+                [r.queue_id for r in rows],
+                [r.topic for r in rows],
+                [r.payload for r in rows],
+                [r.headers for r in rows],
+                [r.key for r in rows],
+            )
+        self.batches += 1
+        self.rows += len(rows)
+        # append_batch returns rows ordered by their 1-based ordinal
+        return [(rec["queue_id"], rec["partition"], rec["seq"]) for rec in records]
+
+    async def close(self) -> None:
+        """Finish what was handed in, then stop."""
+        self._closed = True
+        self._wake.set()
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(self._task, 30)
+            except (asyncio.TimeoutError, asyncio.CancelledError):
+                self._task.cancel()
+        for req in self._queue:
+            if not req.future.done():
+                req.future.set_exception(Unavailable("the broker shut down before the publish committed"))
+        self._queue.clear()
+
+
+__all__ = ["Appender", "AppendRow", "FluxError"]

@@ -1,0 +1,587 @@
+"""The queue manager: routing, fan-out, ephemeral queues, delivery scheduling and wake-ups.
+
+Every protocol front-end talks to one QueueManager per process:
+
+    mgr = await QueueManager.start(dsn, config)
+    await mgr.publish("$queue/orders/eu", b"...", {"content-type": "text/plain"})
+    sub = await mgr.subscribe("orders", "workers", "worker-1", filter="eu/#",
+                              on_delivery=callback, credit=10)
+    ...  # callback(delivery) is called in offset order; sub.grant(n) adds flow credit
+    await mgr.ack("orders", sub.group, [delivery.seq])
+
+Publishes are group-committed (appender.py); deliveries are pulled from PostgreSQL by one task per
+subscription, woken by LISTEN/NOTIFY (one notification per committed batch) and, as a safety net
+for visibility timeouts and retry backoffs, by a short poll.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import asyncpg
+
+from fluxpg import db
+from fluxpg.config import Config, QueueConfig, QueueManagerConfig
+from fluxpg.queues import classic, stream
+from fluxpg.queues.appender import Appender, AppendRow
+from fluxpg.queues.ephemeral import EphemeralQueues
+from fluxpg.queues.types import (Delivery, FluxError, InvalidArgument, PayloadTooLarge, Unavailable,
+                                 UnknownQueue, WrongQueueKind)
+from fluxpg.topics import (TopicTree, internal_group_name, is_queue_topic, parse_queue_topic,
+                           validate_topic_filter, validate_topic_name)
+
+log = logging.getLogger("fluxpg.manager")
+
+DeliveryCallback = Callable[[Delivery], Awaitable[None] | None]
+ErrorCallback = Callable[[FluxError], Awaitable[None] | None]
+
+CLASSIC_POLL = 1.0   # seconds: catches visibility timeouts and retry backoffs
+STREAM_POLL = 5.0    # seconds: only a safety net, NOTIFY wakes stream readers
+
+
+@dataclass(slots=True)
+class QueueInfo:
+    id: int
+    name: str
+    kind: str
+    topics: list[str]
+    partitions: int
+    settings: dict[str, Any]
+
+    @property
+    def max_message_size(self) -> int:
+        return int(self.settings.get("limits", {}).get("max_message_size", 0) or 0)
+
+    @property
+    def primary_group(self) -> str:
+        return self.settings.get("primary_group") or ""
+
+
+class Subscription:
+    """One consumer of one queue: delivers in order, within its credit (flow window)."""
+
+    def __init__(self, manager: QueueManager, queue: str, kind: str, group: str, consumer: str,
+                 topic_filter: str | None, on_delivery: DeliveryCallback, credit: int | None,
+                 on_error: ErrorCallback | None = None, queue_id: int | None = None,
+                 auto_commit: bool = True):
+        self.manager = manager
+        self.queue = queue
+        self.kind = kind
+        self.group = group            # internal name: group or group@filter
+        self.group_base = group.split("@", 1)[0]
+        self.consumer = consumer
+        self.filter = topic_filter
+        self.queue_id = queue_id
+        self.auto_commit = auto_commit
+        self._on_delivery = on_delivery
+        self._on_error = on_error
+        self._credit = credit           # None: unlimited
+        self._credit_event = asyncio.Event()
+        if credit is None or credit > 0:
+            self._credit_event.set()
+        self._closed = False
+        self._task: asyncio.Task | None = None
+        self._delivered_max: dict[int, int] = {}   # stream: partition → highest delivered offset
+        self._committed_max: dict[int, int] = {}
+        self.delivered = 0
+
+    # --- flow control -------------------------------------------------------------------------
+
+    @property
+    def credit(self) -> int | None:
+        return self._credit
+
+    def grant(self, n: int = 1) -> None:
+        """Allow n more deliveries (an ack freed a slot of the window)."""
+        if self._credit is None or n <= 0:
+            return
+        self._credit += n
+        self._credit_event.set()
+        if self.kind == "ephemeral":
+            eq = self.manager.ephemeral.get(self.queue, create=False)
+            if eq is not None:
+                eq.drain()
+
+    def set_credit(self, n: int | None) -> None:
+        self._credit = n
+        if n is None or n > 0:
+            self._credit_event.set()
+        else:
+            self._credit_event.clear()
+
+    def _take_credit(self) -> None:
+        if self._credit is not None:
+            self._credit -= 1
+            if self._credit <= 0:
+                self._credit_event.clear()
+
+    # --- ephemeral push --------------------------------------------------------------------------
+
+    def offer(self, delivery: Delivery) -> bool:
+        if self._closed or (self._credit is not None and self._credit <= 0):
+            return False
+        self._take_credit()
+        self.delivered += 1
+        result = self._on_delivery(delivery)
+        if asyncio.iscoroutine(result):
+            asyncio.ensure_future(result)
+        return True
+
+    # --- durable pull loop -------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self.kind != "ephemeral":
+            self._task = asyncio.create_task(self._run(), name=f"fluxpg-sub-{self.queue}-{self.consumer}")
+
+    async def _fetch(self, n: int) -> list[Delivery]:
+        pool = self.manager.pool
+        if self.kind == "classic":
+            return await classic.claim(pool, self.queue, self.group, self.consumer, n)
+        return await stream.read(pool, self.queue, self.group, self.consumer, n)
+
+    async def _deliver(self, deliveries: list[Delivery]) -> None:
+        if self.kind == "stream":
+            await self.manager._add_work_properties(self.queue, deliveries)
+        for d in deliveries:
+            if self._closed:
+                return  # classic: stays pending, comes back after the visibility timeout
+            self._take_credit()
+            self.delivered += 1
+            if self.kind == "stream":
+                self._delivered_max[d.partition] = max(self._delivered_max.get(d.partition, -1), d.seq)
+            try:
+                result = self._on_delivery(d)
+                if asyncio.iscoroutine(result):
+                    await result
+            except Exception:  # noqa: BLE001 - a broken consumer must not stop the loop
+                log.exception("delivery callback of %s/%s failed for %s", self.queue, self.consumer, d.message_id)
+
+    async def _run(self) -> None:
+        batch = self.manager.qm.delivery_batch
+        poll = CLASSIC_POLL if self.kind == "classic" else STREAM_POLL
+        backoff = 0.05
+        commit_every = self.manager.qm.auto_commit_interval.total_seconds()
+        loop = asyncio.get_running_loop()
+        next_commit = loop.time() + commit_every
+        try:
+            if self.kind == "classic":
+                # Entries this consumer had when it went away (crash, reconnect) come back first.
+                own = await classic.reclaim(self.manager.pool, self.queue, self.group, self.consumer, batch)
+                await self._deliver(own)
+            while not self._closed:
+                if self._credit is not None and self._credit <= 0:
+                    await self._credit_event.wait()
+                    continue
+                waker = self.manager._waker(self.queue_id)
+                n = batch if self._credit is None else min(self._credit, batch)
+                try:
+                    deliveries = await self._fetch(n)
+                    backoff = 0.05
+                except Unavailable as exc:
+                    log.warning("%s/%s: %s; retrying in %.2fs", self.queue, self.consumer, exc, backoff)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 5.0)
+                    continue
+                except FluxError as exc:
+                    await self._fail(exc)
+                    return
+                if deliveries:
+                    await self._deliver(deliveries)
+                if self.kind == "stream" and self.auto_commit and loop.time() >= next_commit:
+                    await self._auto_commit()
+                    next_commit = loop.time() + commit_every
+                if deliveries and len(deliveries) >= n:
+                    continue
+                try:
+                    await asyncio.wait_for(waker.wait(), poll)
+                except asyncio.TimeoutError:
+                    pass
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            log.exception("subscription %s/%s stopped", self.queue, self.consumer)
+            await self._fail(db.translate_error(exc))
+
+    async def _auto_commit(self) -> None:
+        for part, seq in list(self._delivered_max.items()):
+            if self._committed_max.get(part, -1) < seq:
+                try:
+                    await stream.checkpoint(self.manager.pool, self.queue, self.group, [seq], part)
+                    self._committed_max[part] = seq
+                except FluxError as exc:
+                    log.warning("auto-commit of %s/%s failed: %s", self.queue, self.group, exc)
+
+    async def _fail(self, exc: FluxError) -> None:
+        log.warning("subscription %s/%s ended: %s", self.queue, self.consumer, exc)
+        self._closed = True
+        if self._on_error is not None:
+            result = self._on_error(exc)
+            if asyncio.iscoroutine(result):
+                await result
+
+    async def close(self) -> None:
+        if self._closed and self._task is None:
+            return
+        self._closed = True
+        self._credit_event.set()
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001
+                pass
+            self._task = None
+        if self.kind == "stream" and self.auto_commit:
+            await self._auto_commit()
+        self.manager._detach(self)
+
+
+class QueueManager:
+    def __init__(self, dsn: str, config: Config | None = None):
+        self.dsn = dsn
+        self.config = config or Config()
+        self.qm: QueueManagerConfig = self.config.queue_manager
+        self.pool: asyncpg.Pool | None = None
+        self.node_id: int | None = None
+        self.queues: dict[str, QueueInfo] = {}
+        self.queues_by_id: dict[int, QueueInfo] = {}
+        self._bindings: TopicTree[str] = TopicTree()
+        self._reserved_bindings: TopicTree[str] = TopicTree()
+        self._reserved: set[str] = set()
+        self.ephemeral = EphemeralQueues(self.qm.ephemeral_grace.total_seconds())
+        self.subscriptions: set[Subscription] = set()
+        self._wakers: dict[int | None, asyncio.Event] = {}
+        self._listener: db.Listener | None = None
+        self.appender: Appender | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._retention = None
+        self.started = False
+
+    # --- life cycle -----------------------------------------------------------------------------
+
+    @classmethod
+    async def start(cls, dsn: str, config: Config | None = None, *, migrate: bool = True,
+                    retention: bool = True) -> QueueManager:
+        mgr = cls(dsn, config)
+        await mgr._start(migrate=migrate, retention=retention)
+        return mgr
+
+    async def _start(self, *, migrate: bool, retention: bool) -> None:
+        if migrate:
+            await asyncio.to_thread(db.migrate, self.dsn)
+        conn = await db.connect(self.dsn)
+        try:
+            self.node_id = await conn.fetchval(db.queries()["register_node"], socket.gethostname(), os.getpid())
+        finally:
+            await conn.close()
+        dbc = self.config.database
+        self.pool = await db.create_pool(self.dsn, min_size=min(dbc.min_pool_size, dbc.pool_size),
+                                         max_size=dbc.pool_size, node_id=self.node_id)
+        self._listener = db.Listener(self.dsn, {"fluxpg_log": self._on_log_notify,
+                                                "fluxpg_queues": self._on_queues_notify})
+        await self._listener.start()
+        await self._declare_configured()
+        self.appender = Appender(self.pool)
+        self.appender.start()
+        self._tasks.append(asyncio.create_task(self._housekeeping(), name="fluxpg-housekeeping"))
+        if retention:
+            from fluxpg.queues.retention import RetentionLoop
+            self._retention = RetentionLoop(self.dsn, self.qm.retention_interval.total_seconds())
+            await self._retention.start()
+        self.started = True
+        log.info("queue manager started as node %s with %d queues", self.node_id, len(self.queues))
+
+    async def close(self) -> None:
+        for sub in list(self.subscriptions):
+            await sub.close()
+        if self.appender is not None:
+            await self.appender.close()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001
+                pass
+        if self._retention is not None:
+            await self._retention.close()
+        if self._listener is not None:
+            await self._listener.close()
+        if self.pool is not None:
+            try:
+                await self.pool.execute(db.queries()["deregister_node"], self.node_id)
+            except Exception:  # noqa: BLE001 - the database may be gone; the heartbeat times out
+                pass
+            await self.pool.close()
+        self.started = False
+
+    async def _housekeeping(self) -> None:
+        interval = self.qm.heartbeat_interval.total_seconds()
+        timeout = self.qm.heartbeat_timeout
+        while True:
+            await asyncio.sleep(interval)
+            self.ephemeral.reap()
+            try:
+                released = await self.pool.fetchval(db.queries()["node_heartbeat"], self.node_id, timeout)
+                if released:
+                    log.info("released %d pending entries of dead nodes", released)
+                    self._wake_all()
+            except Exception as exc:  # noqa: BLE001
+                log.warning("node heartbeat failed: %s", exc)
+
+    # --- queue registry -------------------------------------------------------------------------
+
+    async def _declare_configured(self) -> None:
+        configured = self.config.effective_queues()
+        self._reserved = {q.name for q in configured if q.reserved}
+        for qc in configured:
+            await self._declare(qc)
+        await self.reload_queues()
+        names = {q.name for q in configured}
+        for name in self.queues:
+            if name not in names and not name.startswith("$dlq/"):
+                log.warning("queue %r is in the database but not in the config: kept, not dropped "
+                            "(drop it by hand if it is no longer wanted)", name)
+
+    async def _declare(self, qc: QueueConfig) -> int:
+        settings = qc.to_settings(self.qm)
+        try:
+            return await self.pool.fetchval(db.queries()["declare_queue"], qc.name, qc.type, qc.topics, settings)
+        except Exception as exc:  # noqa: BLE001
+            raise db.translate_error(exc) from exc
+
+    async def declare_queue(self, qc: QueueConfig) -> QueueInfo:
+        """Create or update a durable queue (AMQP queue.declare, the API)."""
+        await self._declare(qc)
+        await self.reload_queues()
+        return self.queues[qc.name]
+
+    async def reload_queues(self) -> None:
+        rows = await self.pool.fetch(db.queries()["load_queues"])
+        queues = {r["name"]: QueueInfo(r["id"], r["name"], r["kind"], list(r["topics"]), r["partitions"],
+                                       r["settings"]) for r in rows}
+        bindings: TopicTree[str] = TopicTree()
+        reserved: TopicTree[str] = TopicTree()
+        for q in queues.values():
+            tree = reserved if q.name in self._reserved else bindings
+            for t in q.topics:
+                tree.add(t, q.name)
+        self.queues = queues
+        self.queues_by_id = {q.id: q for q in queues.values()}
+        self._bindings, self._reserved_bindings = bindings, reserved
+
+    def _on_queues_notify(self, _payload: str | None) -> Awaitable[None] | None:
+        if self.pool is not None:
+            return self.reload_queues()
+        return None
+
+    def queue_info(self, name: str) -> QueueInfo | None:
+        return self.queues.get(name)
+
+    async def _require_queue(self, name: str) -> QueueInfo:
+        info = self.queues.get(name)
+        if info is None:
+            await self.reload_queues()
+            info = self.queues.get(name)
+        if info is None:
+            raise UnknownQueue(f"unknown queue {name!r}")
+        return info
+
+    # --- wake-ups ---------------------------------------------------------------------------------
+
+    def _waker(self, queue_id: int | None) -> asyncio.Event:
+        ev = self._wakers.get(queue_id)
+        if ev is None:
+            ev = self._wakers[queue_id] = asyncio.Event()
+        return ev
+
+    def _wake(self, queue_id: int) -> None:
+        ev = self._wakers.pop(queue_id, None)
+        if ev is not None:
+            ev.set()
+
+    def _wake_all(self) -> None:
+        wakers, self._wakers = self._wakers, {}
+        for ev in wakers.values():
+            ev.set()
+
+    def _on_log_notify(self, payload: str | None) -> None:
+        if payload is None:     # listener reconnected: anything may have happened
+            self._wake_all()
+            return
+        for part in payload.split(","):
+            if part:
+                self._wake(int(part))
+
+    # --- publish ------------------------------------------------------------------------------------
+
+    def route(self, topic: str) -> list[QueueInfo]:
+        names = self._bindings.match(topic)
+        if not names:
+            qt = parse_queue_topic(topic)
+            if qt.queue in self.ephemeral.queues:
+                return []
+            names = self._reserved_bindings.match(topic)
+        return sorted((self.queues[n] for n in names), key=lambda q: q.id)
+
+    async def publish(self, topic: str, payload: bytes, headers: dict[str, Any] | None = None, *,
+                      partition_key: str | None = None) -> list[tuple[str, int]]:
+        """Append to every queue whose topics match, in one transaction; returns (queue, offset)
+        per queue after commit. With no durable queue matching, an ephemeral queue takes it."""
+        validate_topic_name(topic)
+        if not is_queue_topic(topic) and not topic.startswith("$dlq/"):
+            raise InvalidArgument(f"topic {topic!r} is not a queue topic ($queue/<name>/...)")
+        payload = bytes(payload)
+        targets = self.route(topic)
+        if not targets:
+            qt = parse_queue_topic(topic)
+            eq = self.ephemeral.get(qt.queue)
+            return [(qt.queue, eq.publish(topic, payload, headers))]
+        for q in targets:
+            if q.max_message_size and len(payload) > q.max_message_size:
+                raise PayloadTooLarge(f"message of {len(payload)} bytes exceeds limits.max_message_size "
+                                      f"{q.max_message_size} of queue {q.name!r}")
+        key = partition_key or (headers or {}).get("x-partition-key")
+        rows = [AppendRow(q.id, topic, payload, headers, str(key) if key is not None else None) for q in targets]
+        results = await self.appender.append(rows)
+        return [(self.queues_by_id[qid].name if qid in self.queues_by_id else str(qid), seq)
+                for qid, _part, seq in results]
+
+    # --- consume ----------------------------------------------------------------------------------
+
+    async def subscribe(self, queue: str, group: str, consumer: str, *, on_delivery: DeliveryCallback,
+                        filter: str | None = None, position: object = None, auto_commit: bool | None = None,
+                        credit: int | None = 100, on_error: ErrorCallback | None = None) -> Subscription:
+        """Join `group` of `queue` as `consumer`; deliveries go to on_delivery in offset order.
+
+        position (streams): first | last | next | <offset> | offset=N | timestamp=N; None resumes
+        from the group's checkpoint (a new group starts at the oldest retained message).
+        """
+        if not consumer:
+            raise InvalidArgument("consumer name must not be empty")
+        if filter is not None:
+            validate_topic_filter(filter)
+        internal = internal_group_name(group, filter)
+        info = self.queues.get(queue)
+        if info is None and not self._is_ephemeral_name(queue):
+            await self.reload_queues()
+            info = self.queues.get(queue)
+        if info is None:
+            sub = Subscription(self, queue, "ephemeral", internal, consumer, filter, on_delivery, credit, on_error)
+            self.subscriptions.add(sub)
+            self.ephemeral.get(queue).attach(sub)
+            return sub
+        if info.kind == "classic" and position not in (None, ""):
+            raise WrongQueueKind(f"queue {queue!r} is a classic queue; a stream offset needs a stream queue")
+        pos = stream.normalize_position(position) if info.kind == "stream" else None
+        try:
+            row = await self.pool.fetchrow(
+                "SELECT g.auto_commit FROM fluxpg._group(fluxpg._queue($1), $2) g", queue, internal)
+            effective_auto = row["auto_commit"]
+            if info.kind == "stream":
+                if auto_commit is not None and auto_commit != effective_auto:
+                    await stream.configure(self.pool, queue, internal, auto_commit)
+                    effective_auto = auto_commit
+                if pos is not None:
+                    await stream.seek(self.pool, queue, internal, pos)
+                elif not any(s.queue == queue and s.group == internal for s in self.subscriptions):
+                    await stream.seek(self.pool, queue, internal, "resume")
+        except FluxError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise db.translate_error(exc) from exc
+        sub = Subscription(self, queue, info.kind, internal, consumer, filter, on_delivery, credit, on_error,
+                           queue_id=info.id, auto_commit=effective_auto)
+        self.subscriptions.add(sub)
+        sub.start()
+        return sub
+
+    def _is_ephemeral_name(self, name: str) -> bool:
+        return name in self.ephemeral.queues
+
+    def _detach(self, sub: Subscription) -> None:
+        self.subscriptions.discard(sub)
+        if sub.kind == "ephemeral":
+            eq = self.ephemeral.get(sub.queue, create=False)
+            if eq is not None:
+                eq.detach(sub)
+
+    async def _add_work_properties(self, queue: str, deliveries: list[Delivery]) -> None:
+        info = self.queues.get(queue)
+        if info is None or not info.primary_group or not deliveries:
+            return
+        committed: dict[int, int | None] = {}
+        for d in deliveries:
+            if d.partition not in committed:
+                committed[d.partition] = await self.pool.fetchval(
+                    db.queries()["group_committed"], info.id, info.primary_group, d.partition)
+            d.work_group = info.primary_group
+            d.work_committed = committed[d.partition]
+
+    # --- acknowledgements -------------------------------------------------------------------------
+
+    async def _kind(self, queue: str) -> str:
+        if queue in self.ephemeral.queues and queue not in self.queues:
+            return "ephemeral"
+        return (await self._require_queue(queue)).kind
+
+    async def ack(self, queue: str, group: str, seqs: list[int], partition: int = 0) -> int:
+        """Classic: done, remove from the pending list. Stream: checkpoint. Returns how many
+        entries it affected (0: nothing was pending — a documented no-op)."""
+        kind = await self._kind(queue)
+        if kind == "ephemeral":
+            return 0
+        return await classic.ack(self.pool, queue, group, seqs, partition)
+
+    async def nack(self, queue: str, group: str, seqs: list[int], partition: int = 0) -> int:
+        """Classic: redeliver after the retry backoff. Stream: no-op."""
+        kind = await self._kind(queue)
+        if kind == "ephemeral":
+            return 0
+        result = await classic.nack(self.pool, queue, group, seqs, partition)
+        return result
+
+    async def reject(self, queue: str, group: str, seqs: list[int], reason: str | None = None,
+                     partition: int = 0) -> int:
+        """Classic: dead-letter. Stream: move the cursor past the message."""
+        kind = await self._kind(queue)
+        if kind == "ephemeral":
+            return 0
+        return await classic.reject(self.pool, queue, group, seqs, reason, partition)
+
+    async def commit(self, queue: str, group: str, seq: int, partition: int = 0) -> None:
+        """Stream: checkpoint at `seq` (the first offset not yet processed)."""
+        await self._require_queue(queue)
+        await stream.commit(self.pool, queue, group, seq, partition)
+
+    async def seek(self, queue: str, group: str, position: object) -> int:
+        await self._require_queue(queue)
+        pos = stream.normalize_position(position) or "resume"
+        return await stream.seek(self.pool, queue, group, pos)
+
+    async def claim_stale(self, queue: str, group: str, consumer: str, min_idle: timedelta,
+                          n: int = 10) -> list[Delivery]:
+        await self._require_queue(queue)
+        return await classic.claim_stale(self.pool, queue, group, consumer, min_idle, n)
+
+    # --- inspection ---------------------------------------------------------------------------------
+
+    async def queue_stats(self) -> list[dict[str, Any]]:
+        return [dict(r) for r in await self.pool.fetch(db.queries()["queue_stats"])]
+
+    async def group_status(self, queue: str) -> list[dict[str, Any]]:
+        return [dict(r) for r in await self.pool.fetch(db.queries()["group_status"], queue)]
+
+    async def pending_entries(self, queue: str, group: str, limit: int = 1000) -> list[dict[str, Any]]:
+        return [dict(r) for r in await self.pool.fetch(db.queries()["pending_entries"], queue, group, limit)]
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, default=str)

@@ -1,0 +1,45 @@
+"""Initial fluxpg schema: queues, heads, partitioned log, groups, cursors, pending, members,
+nodes; the SQL API functions and the inspection views.
+
+Revision ID: 0001
+Revises:
+Create Date: 2026-11-22
+"""
+from alembic import op
+
+from fluxpg.db import run_sql_file
+
+revision = "0001"
+down_revision = None
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    run_sql_file(op.get_bind(), "schema.sql")
+    run_sql_file(op.get_bind(), "functions.sql")
+    run_sql_file(op.get_bind(), "views.sql")
+
+
+def downgrade() -> None:
+    # Everything fluxpg created lives in schema fluxpg; only the Alembic version table must
+    # survive until Alembic has recorded the downgrade (fluxpg.db.downgrade drops it after).
+    op.execute("""
+        DO $$
+        DECLARE r record;
+        BEGIN
+          FOR r IN SELECT c.oid::regclass AS rel, c.relkind FROM pg_class c
+                    WHERE c.relnamespace = 'fluxpg'::regnamespace AND c.relkind IN ('v', 'm')
+          LOOP EXECUTE format('DROP VIEW IF EXISTS %s CASCADE', r.rel); END LOOP;
+          FOR r IN SELECT p.oid::regprocedure AS fn FROM pg_proc p WHERE p.pronamespace = 'fluxpg'::regnamespace
+          LOOP EXECUTE format('DROP FUNCTION IF EXISTS %s CASCADE', r.fn); END LOOP;
+          FOR r IN SELECT c.oid::regclass AS rel FROM pg_class c
+                    WHERE c.relnamespace = 'fluxpg'::regnamespace AND c.relkind IN ('r', 'p')
+                      AND c.relname <> 'alembic_version' AND NOT c.relispartition
+          LOOP EXECUTE format('DROP TABLE IF EXISTS %s CASCADE', r.rel); END LOOP;
+          FOR r IN SELECT t.oid::regtype AS typ FROM pg_type t
+                    WHERE t.typnamespace = 'fluxpg'::regnamespace AND t.typtype = 'c'
+                      AND NOT EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = t.typrelid AND c.relkind <> 'c')
+          LOOP EXECUTE format('DROP TYPE IF EXISTS %s CASCADE', r.typ); END LOOP;
+        END $$;
+    """)

@@ -1,0 +1,989 @@
+-- fluxpg SQL API (DESIGN §3). Public: declare_queue, publish, claim, read, ack, nack, reject,
+-- commit, seek, claim_stale, enforce_retention. Names starting with _ are internal.
+-- Errors: SQLSTATE class FP (FP001 unknown queue, FP002 wrong kind, FP003 queue full,
+-- FP004 invalid argument, FP005 unknown group) or standard ones (54000 payload too large).
+-- Every function is CREATE OR REPLACE: a migration re-runs this file to upgrade them.
+
+-- ---------------------------------------------------------------------------------------------
+-- Helpers: settings, durations, topics
+-- ---------------------------------------------------------------------------------------------
+
+CREATE OR REPLACE FUNCTION fluxpg.default_settings(kind text DEFAULT 'classic') RETURNS jsonb
+LANGUAGE sql IMMUTABLE AS $$
+  SELECT jsonb_build_object(
+    'limits', jsonb_build_object('max_message_size', 10485760, 'max_depth', 100000, 'message_ttl', '168h'),
+    'retry', jsonb_build_object('max_retries', 10, 'initial_backoff', '5s', 'max_backoff', '5m', 'multiplier', 2.0),
+    'dlq', jsonb_build_object('enabled', true, 'topic', ''),
+    'retention', jsonb_build_object('max_age', CASE WHEN kind = 'stream' THEN '168h' ELSE '0' END,
+                                    'max_length_bytes', 0, 'max_length_messages', 0),
+    'delivery', jsonb_build_object('visibility_timeout', '30s', 'max_pending', 100000,
+                                   'auto_commit_interval', '5s'),
+    'primary_group', '',
+    'partitions', 1,
+    'segment_size', 100000)
+$$;
+COMMENT ON FUNCTION fluxpg.default_settings(text) IS 'The settings a queue gets for every key its declaration leaves out (FluxMQ defaults)';
+
+-- Deep merge of two JSON objects: keys of b win, nested objects are merged.
+CREATE OR REPLACE FUNCTION fluxpg._merge(a jsonb, b jsonb) RETURNS jsonb
+LANGUAGE sql IMMUTABLE AS $$
+  SELECT coalesce(jsonb_object_agg(k,
+           CASE WHEN jsonb_typeof(a -> k) = 'object' AND jsonb_typeof(b -> k) = 'object'
+                THEN fluxpg._merge(a -> k, b -> k)
+                ELSE coalesce(b -> k, a -> k) END), '{}'::jsonb)
+  FROM (SELECT jsonb_object_keys(a) UNION SELECT jsonb_object_keys(b)) AS keys(k)
+$$;
+
+-- Go-style durations as in the YAML ("5s", "1m30s", "168h", "500ms"; "0" disables).
+CREATE OR REPLACE FUNCTION fluxpg._interval(d text, what text DEFAULT 'duration') RETURNS interval
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+  IF d IS NULL OR d = '' OR d = '0' THEN RETURN interval '0'; END IF;
+  IF d !~ '^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$' THEN
+    RAISE EXCEPTION USING ERRCODE = '22023',
+      MESSAGE = format('%s: invalid duration %L, expected e.g. "500ms", "5s", "1m30s", "168h" or "0"', what, d);
+  END IF;
+  RETURN replace(replace(replace(d, 'µs', 'us'), 'ns', '000us')::text, 'us', 'microseconds ')::interval;
+END $$;
+
+-- The routing key of a queue topic: everything after $queue/<name>/ ('' for the queue root).
+CREATE OR REPLACE FUNCTION fluxpg.routing_key(topic text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+  SELECT coalesce(substring(topic FROM '^\$queue/[^/]+/(.*)$'), '')
+$$;
+
+-- An MQTT topic filter compiled to an anchored regular expression: '+' one level, a trailing '#'
+-- any number of levels including none ('a/#' matches 'a'), literal levels escaped.
+CREATE OR REPLACE FUNCTION fluxpg.filter_regex(filter text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+DECLARE
+  levels text[] := string_to_array(filter, '/');
+  n int := array_length(levels, 1);
+  rx text := '';
+BEGIN
+  IF filter IS NULL THEN RETURN NULL; END IF;
+  IF filter = '' THEN RETURN '^$'; END IF;
+  FOR i IN 1 .. n LOOP
+    IF levels[i] = '#' THEN
+      IF i <> n THEN
+        RAISE EXCEPTION USING ERRCODE = 'FP004', MESSAGE = format('invalid topic filter %L: # must be the last level', filter);
+      END IF;
+      rx := rx || CASE WHEN i = 1 THEN '.*' ELSE '(/.*)?' END;
+      RETURN '^' || rx || '$';
+    END IF;
+    IF i > 1 THEN rx := rx || '/'; END IF;
+    IF levels[i] = '+' THEN
+      rx := rx || '[^/]*';
+    ELSIF levels[i] ~ '[+#]' THEN
+      RAISE EXCEPTION USING ERRCODE = 'FP004', MESSAGE = format('invalid topic filter %L: + and # must fill a whole level', filter);
+    ELSE
+      rx := rx || regexp_replace(levels[i], '([.^$*+?()\[\]{}|\\-])', '\\\1', 'g');
+    END IF;
+  END LOOP;
+  RETURN '^' || rx || '$';
+END $$;
+
+-- MQTT matching of a topic name against a filter, including the rule that filters starting with a
+-- wildcard do not match topics starting with '$'.
+CREATE OR REPLACE FUNCTION fluxpg.topic_matches(filter text, topic text) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+  SELECT NOT (left(topic, 1) = '$' AND left(filter, 1) IN ('+', '#')) AND topic ~ fluxpg.filter_regex(filter)
+$$;
+
+CREATE OR REPLACE FUNCTION fluxpg._raise(code text, msg text) RETURNS void
+LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION USING ERRCODE = code, MESSAGE = msg; END $$;
+
+CREATE OR REPLACE FUNCTION fluxpg._queue(qname text, want text DEFAULT NULL, what text DEFAULT NULL)
+RETURNS fluxpg.queues LANGUAGE plpgsql STABLE AS $$
+DECLARE q fluxpg.queues;
+BEGIN
+  SELECT * INTO q FROM fluxpg.queues WHERE name = qname;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION USING ERRCODE = 'FP001', MESSAGE = format('unknown queue %L', qname),
+      HINT = 'declare it in the config (queues:) or with fluxpg.declare_queue()';
+  END IF;
+  IF want IS NOT NULL AND q.kind <> want THEN
+    RAISE EXCEPTION USING ERRCODE = 'FP002',
+      MESSAGE = format('queue %L is a %s queue; %s works on %s queues', qname, q.kind, coalesce(what, 'this'), want);
+  END IF;
+  RETURN q;
+END $$;
+
+-- The group of a queue by internal name (group or group@filter), created on first use at the
+-- oldest retained message when create is true.
+CREATE OR REPLACE FUNCTION fluxpg._group(q fluxpg.queues, grp text, create_missing boolean DEFAULT true)
+RETURNS fluxpg.groups LANGUAGE plpgsql AS $$
+DECLARE
+  g fluxpg.groups;
+  at int;
+  flt text;
+BEGIN
+  SELECT * INTO g FROM fluxpg.groups WHERE queue_id = q.id AND name = grp;
+  IF FOUND THEN RETURN g; END IF;
+  IF grp IS NULL OR grp = '' OR length(grp) > 400 OR grp ~ '[\x01-\x1f]' OR left(grp, 1) = '@' THEN
+    RAISE EXCEPTION USING ERRCODE = 'FP004', MESSAGE = format('invalid group name %L', grp);
+  END IF;
+  IF NOT create_missing THEN
+    RAISE EXCEPTION USING ERRCODE = 'FP005', MESSAGE = format('queue %L has no consumer group %L', q.name, grp);
+  END IF;
+  at := position('@' IN grp);
+  flt := CASE WHEN at > 0 THEN substr(grp, at + 1) END;
+  INSERT INTO fluxpg.groups (queue_id, name, mode, filter, filter_regex)
+  VALUES (q.id, grp, q.kind, flt, CASE WHEN flt IS NOT NULL AND flt <> '#' THEN fluxpg.filter_regex(flt) END)
+  ON CONFLICT (queue_id, name) DO NOTHING
+  RETURNING * INTO g;
+  IF NOT FOUND THEN  -- created concurrently by another consumer
+    SELECT * INTO g FROM fluxpg.groups WHERE queue_id = q.id AND name = grp;
+    RETURN g;
+  END IF;
+  INSERT INTO fluxpg.cursors (group_id, partition, cursor, committed)
+  SELECT g.id, h.partition, h.first_seq, h.first_seq FROM fluxpg.heads h WHERE h.queue_id = q.id;
+  RETURN g;
+END $$;
+
+-- Remember that a consumer is alive (throttled to one write a second per consumer).
+CREATE OR REPLACE FUNCTION fluxpg._touch_member(gid int, consumer text) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+  IF consumer IS NULL OR consumer = '' THEN
+    RAISE EXCEPTION USING ERRCODE = 'FP004', MESSAGE = 'consumer name must not be empty';
+  END IF;
+  INSERT INTO fluxpg.members AS m (group_id, name, node_id, last_seen_at)
+  VALUES (gid, consumer, nullif(current_setting('fluxpg.node_id', true), '')::int, now())
+  ON CONFLICT (group_id, name) DO UPDATE
+     SET last_seen_at = now(), node_id = EXCLUDED.node_id
+   WHERE m.last_seen_at < now() - interval '1 second' OR m.node_id IS DISTINCT FROM EXCLUDED.node_id;
+  IF FOUND THEN
+    UPDATE fluxpg.groups SET last_active_at = now()
+     WHERE id = gid AND last_active_at < now() - interval '10 seconds';
+  END IF;
+END $$;
+
+-- ---------------------------------------------------------------------------------------------
+-- Queues and segments
+-- ---------------------------------------------------------------------------------------------
+
+-- Create segments (child tables of the queue's log table) until offset `upto` is covered.
+-- Runs under the head row lock of (queue, partition), so concurrent appenders never race.
+-- CREATE ... LIKE + ATTACH takes only SHARE UPDATE EXCLUSIVE on the parent: readers and
+-- writers of the queue go on while a segment is added.
+CREATE OR REPLACE FUNCTION fluxpg._ensure_segments(qid int, part int, upto bigint) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+  seg_end bigint;
+  size bigint;
+  seg text;
+BEGIN
+  SELECT h.segment_end, q.segment_size INTO seg_end, size
+    FROM fluxpg.heads h JOIN fluxpg.queues q ON q.id = h.queue_id
+   WHERE h.queue_id = qid AND h.partition = part;
+  IF seg_end > upto THEN RETURN; END IF;
+  WHILE seg_end <= upto LOOP
+    seg := format('log_%s_p%s_%s', qid, part, seg_end);
+    EXECUTE format('CREATE TABLE fluxpg.%I (LIKE fluxpg.%I INCLUDING ALL)', seg, 'log_' || qid);
+    EXECUTE format('ALTER TABLE fluxpg.%I ATTACH PARTITION fluxpg.%I FOR VALUES FROM (%s, %s) TO (%s, %s)',
+                   'log_' || qid, seg, part, seg_end, part, seg_end + size);
+    seg_end := seg_end + size;
+  END LOOP;
+  UPDATE fluxpg.heads SET segment_end = seg_end WHERE queue_id = qid AND partition = part;
+END $$;
+
+CREATE OR REPLACE FUNCTION fluxpg.declare_queue(name text, kind text, topics text[] DEFAULT NULL,
+                                                settings jsonb DEFAULT '{}')
+RETURNS int LANGUAGE plpgsql AS $$
+DECLARE
+  qname text := name;
+  qkind text := kind;
+  s jsonb;
+  q fluxpg.queues;
+  parts int;
+  size bigint;
+  old_parts int;
+  t text;
+BEGIN
+  IF qname IS NULL OR qname !~ '^(\$dlq/)?[^/+#\x01-\x1f]{1,200}$' OR qname ~ '^\s|\s$' THEN
+    RAISE EXCEPTION USING ERRCODE = 'FP004',
+      MESSAGE = format('invalid queue name %L: 1-200 characters, no /, +, # or control characters', qname);
+  END IF;
+  IF qkind IS NULL OR qkind NOT IN ('classic', 'stream') THEN
+    RAISE EXCEPTION USING ERRCODE = 'FP004', MESSAGE = format('invalid queue kind %L: expected classic or stream', qkind);
+  END IF;
+  IF settings IS NOT NULL AND jsonb_typeof(settings) <> 'object' THEN
+    RAISE EXCEPTION USING ERRCODE = 'FP004', MESSAGE = 'settings must be a JSON object';
+  END IF;
+  s := fluxpg._merge(fluxpg.default_settings(qkind), coalesce(settings, '{}'));
+  -- Validate what the hot path will cast, so a bad value fails here and not at first publish.
+  PERFORM fluxpg._interval(s #>> '{limits,message_ttl}', 'limits.message_ttl'),
+          fluxpg._interval(s #>> '{retry,initial_backoff}', 'retry.initial_backoff'),
+          fluxpg._interval(s #>> '{retry,max_backoff}', 'retry.max_backoff'),
+          fluxpg._interval(s #>> '{retention,max_age}', 'retention.max_age'),
+          fluxpg._interval(s #>> '{delivery,visibility_timeout}', 'delivery.visibility_timeout'),
+          fluxpg._interval(s #>> '{delivery,auto_commit_interval}', 'delivery.auto_commit_interval'),
+          (s #>> '{limits,max_message_size}')::bigint, (s #>> '{limits,max_depth}')::bigint,
+          (s #>> '{retry,max_retries}')::int, (s #>> '{retry,multiplier}')::float8,
+          (s #>> '{dlq,enabled}')::boolean, (s #>> '{delivery,max_pending}')::int,
+          (s #>> '{retention,max_length_bytes}')::bigint, (s #>> '{retention,max_length_messages}')::bigint;
+  parts := (s ->> 'partitions')::int;
+  size := (s ->> 'segment_size')::bigint;
+  IF parts IS NULL OR parts < 1 OR parts > 1024 THEN
+    RAISE EXCEPTION USING ERRCODE = 'FP004', MESSAGE = format('partitions must be between 1 and 1024, got %s', s ->> 'partitions');
+  END IF;
+  IF parts > 1 AND qkind = 'classic' THEN
+    RAISE EXCEPTION USING ERRCODE = 'FP004', MESSAGE = 'partitions > 1 needs a stream queue (classic queues have one partition)';
+  END IF;
+  IF size IS NULL OR size < 1 THEN
+    RAISE EXCEPTION USING ERRCODE = 'FP004', MESSAGE = format('segment_size must be positive, got %s', s ->> 'segment_size');
+  END IF;
+  topics := coalesce(topics, ARRAY['$queue/' || qname || '/#']);
+  IF cardinality(topics) = 0 THEN topics := ARRAY['$queue/' || qname || '/#']; END IF;
+  FOREACH t IN ARRAY topics LOOP
+    PERFORM fluxpg.filter_regex(t);  -- raises on an invalid filter
+  END LOOP;
+
+  SELECT * INTO q FROM fluxpg.queues WHERE queues.name = qname FOR UPDATE;
+  IF FOUND THEN
+    IF q.kind <> qkind THEN
+      RAISE EXCEPTION USING ERRCODE = 'FP002',
+        MESSAGE = format('queue %L already exists as a %s queue; it cannot be redeclared as %s', qname, q.kind, qkind);
+    END IF;
+    IF parts < q.partitions THEN
+      RAISE EXCEPTION USING ERRCODE = 'FP004',
+        MESSAGE = format('queue %L has %s partitions; they cannot be reduced to %s', qname, q.partitions, parts);
+    END IF;
+    old_parts := q.partitions;
+    UPDATE fluxpg.queues SET topics = declare_queue.topics, partitions = parts, segment_size = size,
+                             settings = s, updated_at = now()
+     WHERE id = q.id RETURNING * INTO q;
+  ELSE
+    old_parts := 0;
+    INSERT INTO fluxpg.queues (name, kind, topics, partitions, segment_size, settings)
+    VALUES (qname, qkind, declare_queue.topics, parts, size, s) RETURNING * INTO q;
+    EXECUTE format('CREATE TABLE fluxpg.%I (LIKE fluxpg.log INCLUDING ALL) PARTITION BY RANGE (partition, seq)', 'log_' || q.id);
+    EXECUTE format('ALTER TABLE fluxpg.log ATTACH PARTITION fluxpg.%I FOR VALUES IN (%s)', 'log_' || q.id, q.id);
+    EXECUTE format('COMMENT ON TABLE fluxpg.%I IS %L', 'log_' || q.id, format('Log of queue %s (segments are its partitions)', qname));
+  END IF;
+  FOR p IN old_parts .. parts - 1 LOOP
+    INSERT INTO fluxpg.heads (queue_id, partition) VALUES (q.id, p);
+    PERFORM fluxpg._ensure_segments(q.id, p, (size + 1) / 2);
+    INSERT INTO fluxpg.cursors (group_id, partition, cursor, committed)
+    SELECT g.id, p, 0, 0 FROM fluxpg.groups g WHERE g.queue_id = q.id;
+  END LOOP;
+  PERFORM pg_notify('fluxpg_queues', q.id::text);
+  RETURN q.id;
+END $$;
+COMMENT ON FUNCTION fluxpg.declare_queue(text, text, text[], jsonb) IS 'Create a queue with its first segment, or update its topics and settings; returns its id';
+
+-- Queue ids whose topic bindings match a topic, in id order (the order heads are locked in).
+CREATE OR REPLACE FUNCTION fluxpg.route(topic text) RETURNS int[]
+LANGUAGE sql STABLE AS $$
+  SELECT coalesce(array_agg(q.id ORDER BY q.id), '{}')
+    FROM fluxpg.queues q
+   WHERE EXISTS (SELECT 1 FROM unnest(q.topics) f WHERE fluxpg.topic_matches(f, route.topic))
+$$;
+
+-- ---------------------------------------------------------------------------------------------
+-- Append
+-- ---------------------------------------------------------------------------------------------
+
+-- Append a batch of rows (one per message and matching queue) in one transaction; returns each
+-- input row's (ordinal, queue, partition, seq). Heads are locked in (queue_id, partition) order,
+-- so concurrent batches never deadlock and appends to one partition commit in seq order.
+-- keys[i] (optional) picks the partition of a partitioned queue by hash; without one the
+-- routing key does, and without that a round robin.
+CREATE OR REPLACE FUNCTION fluxpg.append_batch(queue_ids int[], topics text[], payloads bytea[],
+                                               headers jsonb[] DEFAULT NULL, keys text[] DEFAULT NULL)
+RETURNS TABLE (ord int, queue_id int, partition int, seq bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+  n int := cardinality(queue_ids);
+  parts int[];
+  r record;
+  res_q int[] := '{}';
+  res_p int[] := '{}';
+  res_first bigint[] := '{}';
+  first bigint;
+  floor_seq bigint;
+  bad record;
+BEGIN
+  IF n IS NULL OR n = 0 THEN RETURN; END IF;
+  IF cardinality(topics) <> n OR cardinality(payloads) <> n
+     OR (headers IS NOT NULL AND cardinality(headers) <> n) OR (keys IS NOT NULL AND cardinality(keys) <> n) THEN
+    RAISE EXCEPTION USING ERRCODE = 'FP004', MESSAGE = 'append_batch: arrays must have the same length';
+  END IF;
+
+  SELECT u.qid, q.name, octet_length(u.p) AS size, (q.settings #>> '{limits,max_message_size}')::bigint AS lim
+    INTO bad
+    FROM unnest(queue_ids, payloads) AS u(qid, p) JOIN fluxpg.queues q ON q.id = u.qid
+   WHERE (q.settings #>> '{limits,max_message_size}')::bigint > 0
+     AND octet_length(u.p) > (q.settings #>> '{limits,max_message_size}')::bigint
+   LIMIT 1;
+  IF FOUND THEN
+    RAISE EXCEPTION USING ERRCODE = '54000',
+      MESSAGE = format('message of %s bytes exceeds limits.max_message_size %s of queue %L', bad.size, bad.lim, bad.name);
+  END IF;
+
+  -- Partition of every row, decided once (the round robin uses random()).
+  SELECT array_agg(CASE WHEN q.partitions = 1 THEN 0
+                        WHEN coalesce(nullif(u.k, ''), nullif(fluxpg.routing_key(u.t), '')) IS NOT NULL
+                          THEN abs(hashtext(coalesce(nullif(u.k, ''), fluxpg.routing_key(u.t))) % q.partitions)
+                        ELSE ((u.i + rr.base) % q.partitions)::int END ORDER BY u.i)
+    INTO parts
+    FROM unnest(queue_ids, topics, coalesce(keys, array_fill(NULL::text, ARRAY[n])))
+         WITH ORDINALITY AS u(qid, t, k, i)
+    LEFT JOIN fluxpg.queues q ON q.id = u.qid
+    CROSS JOIN (SELECT floor(random() * 1024)::int AS base) rr;
+  IF array_position(parts, NULL) IS NOT NULL THEN
+    SELECT u.qid INTO bad FROM unnest(queue_ids, parts) AS u(qid, p) WHERE u.p IS NULL LIMIT 1;
+    RAISE EXCEPTION USING ERRCODE = 'FP001', MESSAGE = format('unknown queue id %s', bad.qid);
+  END IF;
+
+  FOR r IN SELECT u.qid, u.p, count(*)::int AS k, q.name, q.kind, q.settings
+             FROM unnest(queue_ids, parts) AS u(qid, p) JOIN fluxpg.queues q ON q.id = u.qid
+            GROUP BY u.qid, u.p, q.name, q.kind, q.settings ORDER BY u.qid, u.p
+  LOOP
+    UPDATE fluxpg.heads h SET next_seq = h.next_seq + r.k
+     WHERE h.queue_id = r.qid AND h.partition = r.p
+    RETURNING h.next_seq - r.k, h.first_seq INTO first, floor_seq;
+    IF NOT FOUND THEN
+      RAISE EXCEPTION USING ERRCODE = 'FP001', MESSAGE = format('queue %L has no partition %s', r.name, r.p);
+    END IF;
+    IF r.kind = 'classic' AND (r.settings #>> '{limits,max_depth}')::bigint > 0
+       AND first + r.k - floor_seq > (r.settings #>> '{limits,max_depth}')::bigint THEN
+      -- Only now pay for the exact floor: the slowest group's committed offset.
+      SELECT coalesce(min(coalesce((SELECT min(p.seq) FROM fluxpg.pending p
+                                     WHERE p.group_id = c.group_id AND p.partition = c.partition), c.cursor)), floor_seq)
+        INTO floor_seq
+        FROM fluxpg.cursors c JOIN fluxpg.groups g ON g.id = c.group_id
+       WHERE g.queue_id = r.qid AND c.partition = r.p;
+      IF first + r.k - floor_seq > (r.settings #>> '{limits,max_depth}')::bigint THEN
+        RAISE EXCEPTION USING ERRCODE = 'FP003',
+          MESSAGE = format('queue %L is full: %s messages waiting, limits.max_depth is %s',
+                           r.name, first - floor_seq, r.settings #>> '{limits,max_depth}');
+      END IF;
+    END IF;
+    PERFORM fluxpg._ensure_segments(r.qid, r.p, first + r.k + ((SELECT segment_size FROM fluxpg.queues WHERE id = r.qid) + 1) / 2 - 1);
+    res_q := res_q || r.qid;
+    res_p := res_p || r.p;
+    res_first := res_first || first;
+  END LOOP;
+
+  RETURN QUERY
+  WITH rows AS (
+    SELECT u.i::int AS i, u.qid, u.p,
+           res.first + row_number() OVER (PARTITION BY u.qid, u.p ORDER BY u.i) - 1 AS s,
+           u.t, u.pl, u.h
+      FROM unnest(queue_ids, parts, topics, payloads, coalesce(headers, array_fill(NULL::jsonb, ARRAY[n])))
+           WITH ORDINALITY AS u(qid, p, t, pl, h, i)
+      JOIN unnest(res_q, res_p, res_first) AS res(qid, p, first) ON res.qid = u.qid AND res.p = u.p
+  ), ins AS (
+    INSERT INTO fluxpg.log (queue_id, partition, seq, topic, payload, headers, created_at, expires_at)
+    SELECT rows.qid, rows.p, rows.s, rows.t, rows.pl, rows.h, now(),
+           CASE WHEN ttl.v > interval '0' THEN now() + ttl.v END
+      FROM rows
+      JOIN (SELECT q.id, fluxpg._interval(q.settings #>> '{limits,message_ttl}') AS v
+              FROM fluxpg.queues q WHERE q.id = ANY (res_q)) ttl ON ttl.id = rows.qid
+  )
+  SELECT rows.i, rows.qid, rows.p, rows.s FROM rows ORDER BY rows.i;
+
+  PERFORM pg_notify('fluxpg_log', array_to_string(ARRAY(SELECT DISTINCT x FROM unnest(res_q) x ORDER BY 1), ','));
+END $$;
+COMMENT ON FUNCTION fluxpg.append_batch(int[], text[], bytea[], jsonb[], text[]) IS 'Group-commit append of many messages to many queues in one transaction (used by the broker)';
+
+CREATE OR REPLACE FUNCTION fluxpg.publish(topic text, payload bytea, headers jsonb DEFAULT NULL)
+RETURNS TABLE (queue text, seq bigint) LANGUAGE plpgsql AS $$
+DECLARE
+  ids int[];
+  k int;
+BEGIN
+  IF topic IS NULL OR topic = '' OR topic ~ '[+#\x00]' THEN
+    RAISE EXCEPTION USING ERRCODE = 'FP004', MESSAGE = format('invalid topic %L: a topic name has no wildcards', topic);
+  END IF;
+  IF payload IS NULL THEN
+    RAISE EXCEPTION USING ERRCODE = 'FP004', MESSAGE = 'payload must not be NULL (use an empty bytea)';
+  END IF;
+  ids := fluxpg.route(topic);
+  k := cardinality(ids);
+  IF k = 0 THEN
+    RAISE EXCEPTION USING ERRCODE = 'FP001', MESSAGE = format('no queue is bound to topic %L', topic),
+      HINT = 'declare a queue whose topics match it, e.g. $queue/<name>/#';
+  END IF;
+  RETURN QUERY
+  SELECT q.name, a.seq
+    FROM fluxpg.append_batch(ids, array_fill(topic, ARRAY[k]), array_fill(payload, ARRAY[k]),
+                             array_fill(headers, ARRAY[k]), array_fill(headers ->> 'x-partition-key', ARRAY[k])) a
+    JOIN fluxpg.queues q ON q.id = a.queue_id
+   ORDER BY a.ord;
+END $$;
+COMMENT ON FUNCTION fluxpg.publish(text, bytea, jsonb) IS 'Append a message to every queue whose topics match; returns (queue, offset) per queue';
+
+-- ---------------------------------------------------------------------------------------------
+-- Dead letters
+-- ---------------------------------------------------------------------------------------------
+
+-- The dead-letter queue of a queue: `$dlq/<queue>`, created on first use. It never expires or
+-- fills up (max_depth 0, message_ttl 0) and has no DLQ of its own.
+CREATE OR REPLACE FUNCTION fluxpg._dlq_queue(q fluxpg.queues) RETURNS int
+LANGUAGE plpgsql AS $$
+DECLARE id int;
+BEGIN
+  SELECT queues.id INTO id FROM fluxpg.queues WHERE name = '$dlq/' || q.name;
+  IF FOUND THEN RETURN id; END IF;
+  RETURN fluxpg.declare_queue('$dlq/' || q.name, 'classic', ARRAY['$dlq/' || q.name],
+    jsonb_build_object('limits', jsonb_build_object('max_depth', 0, 'message_ttl', '0',
+                                                    'max_message_size', q.settings #> '{limits,max_message_size}'),
+                       'dlq', jsonb_build_object('enabled', false)));
+END $$;
+
+-- Move pending messages of a group to the DLQ (or drop them when the DLQ is disabled) and remove
+-- their pending entries, in the caller's transaction: the append and the delete commit together.
+CREATE OR REPLACE FUNCTION fluxpg._dead_letter(q fluxpg.queues, g fluxpg.groups, part int, seqs bigint[], reason text)
+RETURNS int LANGUAGE plpgsql AS $$
+DECLARE
+  targets int[];
+  moved_at text := to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"');
+  k int;
+BEGIN
+  IF coalesce((q.settings #>> '{dlq,enabled}')::boolean, true) THEN
+    IF coalesce(q.settings #>> '{dlq,topic}', '') <> '' THEN
+      targets := fluxpg.route(q.settings #>> '{dlq,topic}');
+    END IF;
+    IF targets IS NULL OR cardinality(targets) = 0 THEN
+      targets := ARRAY[fluxpg._dlq_queue(q)];
+    END IF;
+    PERFORM fluxpg.append_batch(array_agg(t.id ORDER BY m.seq, t.id), array_agg(m.topic ORDER BY m.seq, t.id),
+                                array_agg(m.payload ORDER BY m.seq, t.id), array_agg(m.h ORDER BY m.seq, t.id))
+      FROM (SELECT l.seq, l.topic, l.payload,
+                   coalesce(l.headers, '{}') || jsonb_build_object(
+                     '_dlq_original_queue', q.name, '_dlq_original_topic', l.topic,
+                     '_dlq_original_id', q.name || ':' || l.seq, '_dlq_original_offset', l.seq,
+                     '_dlq_group', g.name, '_dlq_delivery_count', coalesce(p.delivery_count, 0),
+                     '_dlq_reason', coalesce(reason, 'rejected'), '_dlq_moved_at', moved_at) AS h
+              FROM fluxpg.log l
+              LEFT JOIN fluxpg.pending p ON p.group_id = g.id AND p.partition = part AND p.seq = l.seq
+             WHERE l.queue_id = q.id AND l.partition = part AND l.seq = ANY (seqs)) m
+      CROSS JOIN unnest(targets) AS t(id)
+    HAVING count(*) > 0;
+  END IF;
+  DELETE FROM fluxpg.pending WHERE group_id = g.id AND partition = part AND seq = ANY (seqs);
+  GET DIAGNOSTICS k = ROW_COUNT;
+  RETURN k;
+END $$;
+
+-- ---------------------------------------------------------------------------------------------
+-- Delivery: classic claim and stream read share the cursor scan
+-- ---------------------------------------------------------------------------------------------
+
+-- Deliver up to `want` new messages of one partition from the group's cursor: lock the cursor row
+-- (so each batch goes to one consumer), scan forward skipping expired and filter-mismatched rows
+-- (bounded window), record pending entries for classic groups, move the cursor past the scan.
+-- The scan never passes the head as this transaction sees it, and rows below a committed head
+-- are all committed (the head and its rows commit together), so no message is ever skipped.
+CREATE OR REPLACE FUNCTION fluxpg._scan(q fluxpg.queues, g fluxpg.groups, part int, consumer text, want int,
+                                        auto_commit_every interval DEFAULT NULL)
+RETURNS SETOF fluxpg.delivery LANGUAGE plpgsql AS $$
+DECLARE
+  cur bigint;
+  last_commit timestamptz;
+  head bigint;
+  window_end bigint;
+  vt interval;
+  classic boolean := g.mode = 'classic';
+  max_pending int;
+  lowest bigint;
+  npending int;
+BEGIN
+  SELECT c.cursor, c.last_commit_at INTO cur, last_commit
+    FROM fluxpg.cursors c WHERE c.group_id = g.id AND c.partition = part FOR UPDATE;
+  IF NOT FOUND THEN
+    INSERT INTO fluxpg.cursors (group_id, partition, cursor, committed)
+    SELECT g.id, part, h.first_seq, h.first_seq FROM fluxpg.heads h WHERE h.queue_id = q.id AND h.partition = part
+    ON CONFLICT DO NOTHING;
+    SELECT c.cursor, c.last_commit_at INTO cur, last_commit
+      FROM fluxpg.cursors c WHERE c.group_id = g.id AND c.partition = part FOR UPDATE;
+  END IF;
+  -- Commit-on-get for auto-commit stream groups: what earlier reads delivered is checkpointed.
+  IF auto_commit_every IS NOT NULL AND g.auto_commit
+     AND (last_commit IS NULL OR last_commit <= now() - auto_commit_every) THEN
+    UPDATE fluxpg.cursors SET committed = cur, last_commit_at = now()
+     WHERE group_id = g.id AND partition = part AND committed <> cur;
+  END IF;
+  SELECT h.next_seq, greatest(cur, h.first_seq) INTO head, cur
+    FROM fluxpg.heads h WHERE h.queue_id = q.id AND h.partition = part;
+  IF cur >= head OR want <= 0 THEN RETURN; END IF;
+
+  IF classic THEN
+    vt := fluxpg._interval(q.settings #>> '{delivery,visibility_timeout}');
+    max_pending := coalesce((q.settings #>> '{delivery,max_pending}')::int, 0);
+    IF max_pending > 0 THEN
+      SELECT min(p.seq) INTO lowest FROM fluxpg.pending p WHERE p.group_id = g.id AND p.partition = part;
+      IF lowest IS NOT NULL AND cur - lowest >= max_pending - want THEN
+        SELECT count(*) INTO npending FROM fluxpg.pending p WHERE p.group_id = g.id;
+        IF npending >= max_pending THEN RETURN; END IF;
+        want := least(want, max_pending - npending);
+      END IF;
+    END IF;
+  END IF;
+
+  window_end := least(head, cur + greatest(want * 64, 4096));
+  RETURN QUERY
+  WITH el AS (
+    SELECT l.seq, l.topic, l.payload, l.headers, l.created_at
+      FROM fluxpg.log l
+     WHERE l.queue_id = q.id AND l.partition = part AND l.seq >= cur AND l.seq < window_end
+       AND (l.expires_at IS NULL OR l.expires_at > now())
+       AND (g.filter_regex IS NULL OR fluxpg.routing_key(l.topic) ~ g.filter_regex)
+     ORDER BY l.seq
+     LIMIT want
+  ), ins AS (
+    INSERT INTO fluxpg.pending (group_id, partition, seq, consumer, delivered_at, delivery_count, visible_at)
+    SELECT g.id, part, el.seq, consumer, now(), 1, now() + vt FROM el WHERE classic
+  ), mv AS (
+    UPDATE fluxpg.cursors c
+       SET cursor = CASE WHEN (SELECT count(*) FROM el) = want THEN (SELECT max(el.seq) + 1 FROM el) ELSE window_end END
+     WHERE c.group_id = g.id AND c.partition = part
+  )
+  SELECT q.name, g.name, part, el.seq, el.topic, el.payload, el.headers, el.created_at, 1, q.name || ':' || el.seq
+    FROM el ORDER BY el.seq;
+END $$;
+
+-- Take pending entries of a group for a consumer: those due for redelivery (mode 'due'), idle
+-- longer than min_idle (mode 'idle', XAUTOCLAIM), or the consumer's own (mode 'own', a consumer
+-- re-reading its pending entries after a crash). Entries whose message expired or that were
+-- delivered 1 + max_retries times are dead-lettered instead; entries whose message is gone
+-- (segment dropped) are removed.
+CREATE OR REPLACE FUNCTION fluxpg._take_pending(q fluxpg.queues, g fluxpg.groups, consumer text, n int,
+                                                mode text, min_idle interval DEFAULT NULL)
+RETURNS SETOF fluxpg.delivery LANGUAGE plpgsql AS $$
+DECLARE
+  r record;
+  max_deliveries int := 1 + coalesce((q.settings #>> '{retry,max_retries}')::int, 10);
+  vt interval := fluxpg._interval(q.settings #>> '{delivery,visibility_timeout}');
+  take_p int[] := '{}';
+  take_s bigint[] := '{}';
+  gone_s bigint[] := '{}';
+  expired_s bigint[] := '{}';
+  over_s bigint[] := '{}';
+BEGIN
+  IF n <= 0 THEN RETURN; END IF;
+  FOR r IN
+    SELECT p.partition, p.seq, p.delivery_count, l.seq IS NULL AS gone,
+           (l.expires_at IS NOT NULL AND l.expires_at <= now()) AS expired
+      FROM fluxpg.pending p
+      LEFT JOIN fluxpg.log l ON l.queue_id = q.id AND l.partition = p.partition AND l.seq = p.seq
+     WHERE p.group_id = g.id
+       AND CASE mode WHEN 'due' THEN p.visible_at <= now()
+                     WHEN 'idle' THEN p.delivered_at <= now() - min_idle
+                     ELSE p.consumer = _take_pending.consumer END
+     ORDER BY CASE WHEN mode = 'due' THEN p.visible_at END, p.seq
+     LIMIT n
+       FOR UPDATE OF p SKIP LOCKED
+  LOOP
+    -- Classic queues have one partition (0), so the seq arrays below are per partition 0.
+    IF r.gone THEN gone_s := gone_s || r.seq;
+    ELSIF r.expired THEN expired_s := expired_s || r.seq;
+    ELSIF r.delivery_count >= max_deliveries THEN over_s := over_s || r.seq;
+    ELSE take_p := take_p || r.partition; take_s := take_s || r.seq;
+    END IF;
+  END LOOP;
+  IF cardinality(gone_s) > 0 THEN
+    DELETE FROM fluxpg.pending WHERE group_id = g.id AND partition = 0 AND seq = ANY (gone_s);
+  END IF;
+  IF cardinality(expired_s) > 0 THEN PERFORM fluxpg._dead_letter(q, g, 0, expired_s, 'expired'); END IF;
+  IF cardinality(over_s) > 0 THEN PERFORM fluxpg._dead_letter(q, g, 0, over_s, 'max-deliveries'); END IF;
+  IF cardinality(take_s) = 0 THEN RETURN; END IF;
+  RETURN QUERY
+  WITH upd AS (
+    UPDATE fluxpg.pending p
+       SET consumer = _take_pending.consumer, delivered_at = now(),
+           delivery_count = p.delivery_count + 1, visible_at = now() + vt
+      FROM unnest(take_p, take_s) AS t(part, seq)
+     WHERE p.group_id = g.id AND p.partition = t.part AND p.seq = t.seq
+    RETURNING p.partition, p.seq, p.delivery_count
+  )
+  SELECT q.name, g.name, upd.partition, upd.seq, l.topic, l.payload, l.headers, l.created_at,
+         upd.delivery_count, q.name || ':' || upd.seq
+    FROM upd JOIN fluxpg.log l ON l.queue_id = q.id AND l.partition = upd.partition AND l.seq = upd.seq
+   ORDER BY upd.seq;
+END $$;
+
+CREATE OR REPLACE FUNCTION fluxpg.claim(queue text, grp text, consumer text, n int DEFAULT 1)
+RETURNS SETOF fluxpg.delivery LANGUAGE plpgsql AS $$
+DECLARE
+  q fluxpg.queues := fluxpg._queue(queue, 'classic', 'claim');
+  g fluxpg.groups;
+  got int;
+BEGIN
+  IF n IS NULL OR n < 1 THEN
+    RAISE EXCEPTION USING ERRCODE = 'FP004', MESSAGE = format('claim: n must be at least 1, got %s', n);
+  END IF;
+  g := fluxpg._group(q, grp);
+  PERFORM fluxpg._touch_member(g.id, consumer);
+  -- Redeliveries first (visibility timeout or nack backoff passed), to any consumer.
+  RETURN QUERY SELECT * FROM fluxpg._take_pending(q, g, consumer, n, 'due');
+  GET DIAGNOSTICS got = ROW_COUNT;
+  IF got < n THEN
+    RETURN QUERY SELECT * FROM fluxpg._scan(q, g, 0, consumer, n - got);
+  END IF;
+END $$;
+COMMENT ON FUNCTION fluxpg.claim(text, text, text, int) IS 'Classic queues: up to n messages for a consumer, redeliveries first, then new ones from the group cursor';
+
+CREATE OR REPLACE FUNCTION fluxpg.reclaim(queue text, grp text, consumer text, n int DEFAULT 100)
+RETURNS SETOF fluxpg.delivery LANGUAGE plpgsql AS $$
+DECLARE
+  q fluxpg.queues := fluxpg._queue(queue, 'classic', 'reclaim');
+  g fluxpg.groups := fluxpg._group(q, grp, false);
+BEGIN
+  PERFORM fluxpg._touch_member(g.id, consumer);
+  RETURN QUERY SELECT * FROM fluxpg._take_pending(q, g, consumer, n, 'own');
+END $$;
+COMMENT ON FUNCTION fluxpg.reclaim(text, text, text, int) IS 'A consumer re-reads its own pending entries (XREADGROUP with id 0), e.g. after a crash';
+
+CREATE OR REPLACE FUNCTION fluxpg.claim_stale(queue text, grp text, consumer text, min_idle interval, n int DEFAULT 10)
+RETURNS SETOF fluxpg.delivery LANGUAGE plpgsql AS $$
+DECLARE
+  q fluxpg.queues := fluxpg._queue(queue, 'classic', 'claim_stale');
+  g fluxpg.groups := fluxpg._group(q, grp, false);
+BEGIN
+  IF min_idle IS NULL OR min_idle < interval '0' THEN
+    RAISE EXCEPTION USING ERRCODE = 'FP004', MESSAGE = 'claim_stale: min_idle must be a non-negative interval';
+  END IF;
+  PERFORM fluxpg._touch_member(g.id, consumer);
+  RETURN QUERY SELECT * FROM fluxpg._take_pending(q, g, consumer, n, 'idle', min_idle);
+END $$;
+COMMENT ON FUNCTION fluxpg.claim_stale(text, text, text, interval, int) IS 'XAUTOCLAIM: take over pending entries idle for at least min_idle';
+
+CREATE OR REPLACE FUNCTION fluxpg.read(queue text, grp text, consumer text, n int DEFAULT 1)
+RETURNS SETOF fluxpg.delivery LANGUAGE plpgsql AS $$
+DECLARE
+  q fluxpg.queues := fluxpg._queue(queue, 'stream', 'read');
+  g fluxpg.groups;
+  every interval;
+  got int := 0;
+  k int;
+  start int;
+  part int;
+BEGIN
+  IF n IS NULL OR n < 1 THEN
+    RAISE EXCEPTION USING ERRCODE = 'FP004', MESSAGE = format('read: n must be at least 1, got %s', n);
+  END IF;
+  g := fluxpg._group(q, grp);
+  PERFORM fluxpg._touch_member(g.id, consumer);
+  every := fluxpg._interval(q.settings #>> '{delivery,auto_commit_interval}');
+  start := CASE WHEN q.partitions > 1 THEN floor(random() * q.partitions)::int ELSE 0 END;
+  FOR i IN 0 .. q.partitions - 1 LOOP
+    EXIT WHEN got >= n;
+    part := (start + i) % q.partitions;
+    -- A partition assigned to another live member is not ours to read.
+    CONTINUE WHEN EXISTS (SELECT 1 FROM fluxpg.cursors c WHERE c.group_id = g.id AND c.partition = part
+                            AND c.owner IS NOT NULL AND c.owner <> consumer);
+    RETURN QUERY SELECT * FROM fluxpg._scan(q, g, part, consumer, n - got, every);
+    GET DIAGNOSTICS k = ROW_COUNT;
+    got := got + k;
+  END LOOP;
+END $$;
+COMMENT ON FUNCTION fluxpg.read(text, text, text, int) IS 'Stream queues: up to n messages from the group cursor; no pending entries; auto-commit groups commit what earlier reads delivered';
+
+-- ---------------------------------------------------------------------------------------------
+-- Acknowledgement
+-- ---------------------------------------------------------------------------------------------
+
+CREATE OR REPLACE FUNCTION fluxpg.ack(queue text, grp text, seqs bigint[], part int DEFAULT 0)
+RETURNS int LANGUAGE plpgsql AS $$
+DECLARE
+  q fluxpg.queues := fluxpg._queue(queue);
+  g fluxpg.groups := fluxpg._group(q, grp, false);
+  k int;
+BEGIN
+  IF seqs IS NULL OR cardinality(seqs) = 0 THEN RETURN 0; END IF;
+  IF q.kind = 'classic' THEN
+    DELETE FROM fluxpg.pending WHERE group_id = g.id AND partition = part AND seq = ANY (seqs);
+    GET DIAGNOSTICS k = ROW_COUNT;
+    RETURN k;
+  END IF;
+  -- Stream: ack is a checkpoint; everything up to the highest acked offset is processed.
+  UPDATE fluxpg.cursors SET committed = greatest(committed, least((SELECT max(s) FROM unnest(seqs) s) + 1, cursor)),
+                            last_commit_at = now()
+   WHERE group_id = g.id AND partition = part;
+  GET DIAGNOSTICS k = ROW_COUNT;
+  RETURN k;
+END $$;
+COMMENT ON FUNCTION fluxpg.ack(text, text, bigint[], int) IS 'Classic: remove from the pending list (returns how many were pending). Stream: checkpoint past the highest offset';
+
+CREATE OR REPLACE FUNCTION fluxpg.nack(queue text, grp text, seqs bigint[], part int DEFAULT 0)
+RETURNS int LANGUAGE plpgsql AS $$
+DECLARE
+  q fluxpg.queues := fluxpg._queue(queue);
+  g fluxpg.groups := fluxpg._group(q, grp, false);
+  initial interval := fluxpg._interval(q.settings #>> '{retry,initial_backoff}');
+  maximum interval := fluxpg._interval(q.settings #>> '{retry,max_backoff}');
+  mult float8 := coalesce((q.settings #>> '{retry,multiplier}')::float8, 2.0);
+  max_deliveries int := 1 + coalesce((q.settings #>> '{retry,max_retries}')::int, 10);
+  over bigint[];
+  k int;
+  d int := 0;
+BEGIN
+  IF q.kind = 'stream' OR seqs IS NULL OR cardinality(seqs) = 0 THEN
+    RETURN 0;  -- stream: nack is a no-op (replay by seeking)
+  END IF;
+  -- Delivered 1 + max_retries times already: no retry is left, dead-letter now.
+  SELECT array_agg(p.seq) INTO over FROM fluxpg.pending p
+   WHERE p.group_id = g.id AND p.partition = part AND p.seq = ANY (seqs) AND p.delivery_count >= max_deliveries;
+  IF over IS NOT NULL THEN
+    d := fluxpg._dead_letter(q, g, part, over, 'max-deliveries');
+  END IF;
+  UPDATE fluxpg.pending p
+     SET visible_at = now() + least(initial * power(mult, greatest(p.delivery_count - 1, 0)), maximum)
+   WHERE p.group_id = g.id AND p.partition = part AND p.seq = ANY (seqs);
+  GET DIAGNOSTICS k = ROW_COUNT;
+  RETURN k + d;
+END $$;
+COMMENT ON FUNCTION fluxpg.nack(text, text, bigint[], int) IS 'Classic: redeliver after the retry backoff (dead-letter when retries are used up). Stream: no-op';
+
+CREATE OR REPLACE FUNCTION fluxpg.reject(queue text, grp text, seqs bigint[], reason text DEFAULT NULL, part int DEFAULT 0)
+RETURNS int LANGUAGE plpgsql AS $$
+DECLARE
+  q fluxpg.queues := fluxpg._queue(queue);
+  g fluxpg.groups := fluxpg._group(q, grp, false);
+  pending_seqs bigint[];
+  k int;
+BEGIN
+  IF seqs IS NULL OR cardinality(seqs) = 0 THEN RETURN 0; END IF;
+  IF q.kind = 'stream' THEN
+    -- Stream: move the cursor past the message so it is not read again; the log keeps it.
+    UPDATE fluxpg.cursors SET cursor = greatest(cursor, (SELECT max(s) FROM unnest(seqs) s) + 1)
+     WHERE group_id = g.id AND partition = part;
+    GET DIAGNOSTICS k = ROW_COUNT;
+    RETURN k;
+  END IF;
+  SELECT array_agg(p.seq) INTO pending_seqs FROM fluxpg.pending p
+   WHERE p.group_id = g.id AND p.partition = part AND p.seq = ANY (seqs);
+  IF pending_seqs IS NULL THEN RETURN 0; END IF;
+  RETURN fluxpg._dead_letter(q, g, part, pending_seqs, coalesce(reason, 'rejected'));
+END $$;
+COMMENT ON FUNCTION fluxpg.reject(text, text, bigint[], text, int) IS 'Classic: remove and dead-letter. Stream: advance the cursor past the message';
+
+CREATE OR REPLACE FUNCTION fluxpg.commit(queue text, grp text, seq bigint, part int DEFAULT 0)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+  q fluxpg.queues := fluxpg._queue(queue, 'stream', 'commit');
+  g fluxpg.groups := fluxpg._group(q, grp, false);
+  cur bigint;
+BEGIN
+  SELECT c.cursor INTO cur FROM fluxpg.cursors c WHERE c.group_id = g.id AND c.partition = part FOR UPDATE;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION USING ERRCODE = 'FP004', MESSAGE = format('queue %L has no partition %s', queue, part);
+  END IF;
+  IF seq IS NULL OR seq < 0 OR seq > cur THEN
+    RAISE EXCEPTION USING ERRCODE = 'FP004',
+      MESSAGE = format('cannot commit offset %s for group %L: it must be between 0 and the cursor %s', seq, grp, cur);
+  END IF;
+  UPDATE fluxpg.cursors SET committed = commit.seq, last_commit_at = now()
+   WHERE group_id = g.id AND partition = part;
+END $$;
+COMMENT ON FUNCTION fluxpg.commit(text, text, bigint, int) IS 'Stream: set the group checkpoint; seq is the first offset not yet processed (every lower one is done)';
+
+CREATE OR REPLACE FUNCTION fluxpg.configure_group(queue text, grp text, auto_commit boolean)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+  q fluxpg.queues := fluxpg._queue(queue);
+  g fluxpg.groups := fluxpg._group(q, grp);
+BEGIN
+  UPDATE fluxpg.groups SET auto_commit = configure_group.auto_commit WHERE id = g.id AND groups.auto_commit IS DISTINCT FROM configure_group.auto_commit;
+END $$;
+
+-- Where a position string points in one partition: 'first'|'earliest', 'last'|'next'|'latest',
+-- '42' or 'offset=42' (clamped to the retained log), 'timestamp=N' (ms when N > 1e12, else s).
+CREATE OR REPLACE FUNCTION fluxpg._position(q fluxpg.queues, part int, pos text) RETURNS bigint
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+  h fluxpg.heads;
+  p text := lower(btrim(pos));
+  n numeric;
+  ts timestamptz;
+  s bigint;
+BEGIN
+  SELECT * INTO h FROM fluxpg.heads WHERE queue_id = q.id AND partition = part;
+  IF p IN ('first', 'earliest', 'beginning') THEN RETURN h.first_seq; END IF;
+  IF p IN ('last', 'next', 'latest', 'end') THEN RETURN h.next_seq; END IF;
+  IF p ~ '^(offset=)?[0-9]{1,18}$' THEN
+    RETURN least(greatest(regexp_replace(p, '^offset=', '')::bigint, h.first_seq), h.next_seq);
+  END IF;
+  IF p ~ '^timestamp=[0-9]{1,18}(\.[0-9]+)?$' THEN
+    n := substr(p, 11)::numeric;
+    ts := CASE WHEN n > 1e12 THEN to_timestamp(n / 1000.0) ELSE to_timestamp(n) END;
+    SELECT min(l.seq) INTO s FROM fluxpg.log l
+     WHERE l.queue_id = q.id AND l.partition = part AND l.created_at >= ts;
+    RETURN coalesce(s, h.next_seq);
+  END IF;
+  RAISE EXCEPTION USING ERRCODE = 'FP004',
+    MESSAGE = format('invalid position %L: expected first, last, next, an offset, offset=N or timestamp=N', pos);
+END $$;
+
+CREATE OR REPLACE FUNCTION fluxpg.seek(queue text, grp text, "position" text, part int DEFAULT NULL)
+RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+  q fluxpg.queues := fluxpg._queue(queue, 'stream', 'seek');
+  g fluxpg.groups := fluxpg._group(q, grp);
+  result bigint;
+  target bigint;
+BEGIN
+  FOR p IN 0 .. q.partitions - 1 LOOP
+    CONTINUE WHEN part IS NOT NULL AND p <> part;
+    IF lower(btrim(seek."position")) = 'resume' THEN
+      -- Resume: read again from the checkpoint (what was read but not committed comes again).
+      UPDATE fluxpg.cursors SET cursor = greatest(committed, (SELECT first_seq FROM fluxpg.heads WHERE queue_id = q.id AND partition = p))
+       WHERE group_id = g.id AND partition = p RETURNING cursor INTO target;
+    ELSE
+      target := fluxpg._position(q, p, seek."position");
+      UPDATE fluxpg.cursors SET cursor = target, committed = target, last_commit_at = now()
+       WHERE group_id = g.id AND partition = p;
+    END IF;
+    result := coalesce(result, target);
+  END LOOP;
+  RETURN result;
+END $$;
+COMMENT ON FUNCTION fluxpg.seek(text, text, text, int) IS 'Stream: move a group (cursor and checkpoint) to first, last/next, an offset, offset=N or timestamp=N; resume goes back to the checkpoint. Returns the new offset (of the first partition)';
+
+-- ---------------------------------------------------------------------------------------------
+-- Nodes and members
+-- ---------------------------------------------------------------------------------------------
+
+CREATE OR REPLACE FUNCTION fluxpg.register_node(host text, pid int) RETURNS int
+LANGUAGE sql AS $$
+  INSERT INTO fluxpg.nodes (host, pid) VALUES (host, pid) RETURNING id
+$$;
+
+-- Heartbeat of a node; nodes silent for longer than `timeout` are removed and the pending
+-- entries of their consumers become visible at once (no need to wait for the visibility timeout).
+CREATE OR REPLACE FUNCTION fluxpg.node_heartbeat(node int, timeout interval DEFAULT '30 seconds')
+RETURNS int LANGUAGE plpgsql AS $$
+DECLARE
+  dead int[];
+  k int;
+BEGIN
+  UPDATE fluxpg.nodes SET last_seen_at = now() WHERE id = node;
+  SELECT array_agg(id) INTO dead FROM fluxpg.nodes WHERE last_seen_at < now() - timeout AND id <> node;
+  IF dead IS NULL THEN RETURN 0; END IF;
+  UPDATE fluxpg.pending p SET visible_at = now()
+    FROM fluxpg.members m
+   WHERE m.node_id = ANY (dead) AND p.group_id = m.group_id AND p.consumer = m.name AND p.visible_at > now();
+  GET DIAGNOSTICS k = ROW_COUNT;
+  UPDATE fluxpg.cursors c SET owner = NULL, owner_seen_at = NULL
+    FROM fluxpg.members m WHERE m.node_id = ANY (dead) AND c.group_id = m.group_id AND c.owner = m.name;
+  DELETE FROM fluxpg.members WHERE node_id = ANY (dead);
+  DELETE FROM fluxpg.nodes WHERE id = ANY (dead);
+  RETURN k;
+END $$;
+
+-- ---------------------------------------------------------------------------------------------
+-- Retention
+-- ---------------------------------------------------------------------------------------------
+
+-- Segments that retention may drop, with the reason. Never the segment holding the head.
+-- Classic: below the slowest group's committed offset (no group yet: nothing is dropped), or
+-- wholly expired with nothing pending in it. Stream: beyond max_age, max_length_messages or
+-- max_length_bytes (counted from the newest segment), or wholly expired.
+CREATE OR REPLACE FUNCTION fluxpg.due_segments()
+RETURNS TABLE (queue_id int, queue text, partition int, segment regclass, from_seq bigint, to_seq bigint, reason text)
+LANGUAGE plpgsql AS $$
+DECLARE
+  s record;
+  floor_seq bigint;
+  newest record;
+  bytes_total bigint;
+  max_age interval;
+  ttl interval;
+  max_len bigint;
+  max_bytes bigint;
+  cur_q int := -1;
+  cur_p int := -1;
+BEGIN
+  FOR s IN
+    SELECT sl.*, h.next_seq, q.kind, q.settings
+      FROM fluxpg._segment_list sl
+      JOIN fluxpg.heads h ON h.queue_id = sl.queue_id AND h.partition = sl.partition
+      JOIN fluxpg.queues q ON q.id = sl.queue_id
+     WHERE sl.to_seq <= h.next_seq
+     ORDER BY sl.queue_id, sl.partition, sl.from_seq DESC
+  LOOP
+    IF s.queue_id <> cur_q OR s.partition <> cur_p THEN
+      cur_q := s.queue_id; cur_p := s.partition;
+      bytes_total := 0;
+      -- The open segment(s) at and above the head count towards max_length_bytes too.
+      SELECT coalesce(sum(pg_total_relation_size(o.segment)), 0) INTO bytes_total
+        FROM fluxpg._segment_list o WHERE o.queue_id = s.queue_id AND o.partition = s.partition AND o.to_seq > s.next_seq;
+      max_age := fluxpg._interval(s.settings #>> '{retention,max_age}');
+      ttl := fluxpg._interval(s.settings #>> '{limits,message_ttl}');
+      max_len := coalesce((s.settings #>> '{retention,max_length_messages}')::bigint, 0);
+      max_bytes := coalesce((s.settings #>> '{retention,max_length_bytes}')::bigint, 0);
+      IF s.kind = 'classic' THEN
+        SELECT min(coalesce((SELECT min(p.seq) FROM fluxpg.pending p
+                              WHERE p.group_id = c.group_id AND p.partition = c.partition), c.cursor))
+          INTO floor_seq
+          FROM fluxpg.cursors c JOIN fluxpg.groups g ON g.id = c.group_id
+         WHERE g.queue_id = s.queue_id AND c.partition = s.partition;
+      END IF;
+    END IF;
+    bytes_total := bytes_total + pg_total_relation_size(s.segment);
+    EXECUTE format('SELECT created_at, expires_at FROM %s ORDER BY seq DESC LIMIT 1', s.segment) INTO newest;
+
+    queue_id := s.queue_id; queue := s.queue; partition := s.partition; segment := s.segment;
+    from_seq := s.from_seq; to_seq := s.to_seq; reason := NULL;
+    IF s.kind = 'classic' THEN
+      IF floor_seq IS NOT NULL AND s.to_seq <= floor_seq THEN
+        reason := 'acknowledged';
+      ELSIF ttl > interval '0' AND (newest IS NULL OR newest.expires_at < now())
+            AND NOT EXISTS (SELECT 1 FROM fluxpg.pending p JOIN fluxpg.groups g ON g.id = p.group_id
+                             WHERE g.queue_id = s.queue_id AND p.partition = s.partition
+                               AND p.seq >= s.from_seq AND p.seq < s.to_seq) THEN
+        reason := 'expired';
+      END IF;
+    ELSE
+      IF max_age > interval '0' AND newest.created_at < now() - max_age THEN
+        reason := 'max_age';
+      ELSIF max_len > 0 AND s.to_seq <= s.next_seq - max_len THEN
+        reason := 'max_length_messages';
+      ELSIF max_bytes > 0 AND bytes_total > max_bytes THEN
+        reason := 'max_length_bytes';
+      ELSIF ttl > interval '0' AND newest.expires_at < now() THEN
+        reason := 'expired';
+      END IF;
+    END IF;
+    IF reason IS NOT NULL THEN RETURN NEXT; END IF;
+  END LOOP;
+END $$;
+COMMENT ON FUNCTION fluxpg.due_segments() IS 'Segments retention may drop now, with the reason (see fluxpg.enforce_retention)';
+
+-- After a segment is gone: the retained range starts above it, and stream groups whose cursor
+-- or checkpoint pointed into it move up to the first retained message.
+CREATE OR REPLACE FUNCTION fluxpg._forget_segment(qid int, part int) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE lowest bigint;
+BEGIN
+  SELECT min(sl.from_seq) INTO lowest FROM fluxpg._segment_list sl WHERE sl.queue_id = qid AND sl.partition = part;
+  UPDATE fluxpg.heads SET first_seq = greatest(first_seq, least(coalesce(lowest, next_seq), next_seq))
+   WHERE queue_id = qid AND partition = part RETURNING first_seq INTO lowest;
+  UPDATE fluxpg.cursors c SET cursor = greatest(c.cursor, lowest), committed = greatest(c.committed, lowest)
+    FROM fluxpg.groups g
+   WHERE g.id = c.group_id AND g.queue_id = qid AND c.partition = part AND (c.cursor < lowest OR c.committed < lowest);
+END $$;
+
+-- Drop every due segment now. Callable from any SQL client: it detaches with a short lock
+-- (DETACH ... CONCURRENTLY cannot run inside a function); the broker's retention loop detaches
+-- concurrently instead. Returns how many segments were dropped.
+CREATE OR REPLACE FUNCTION fluxpg.enforce_retention() RETURNS int
+LANGUAGE plpgsql AS $$
+DECLARE
+  s record;
+  k int := 0;
+BEGIN
+  PERFORM set_config('lock_timeout', '2s', true);
+  FOR s IN SELECT * FROM fluxpg.due_segments() ORDER BY 1, 3, 5 LOOP
+    EXECUTE format('ALTER TABLE fluxpg.%I DETACH PARTITION %s', 'log_' || s.queue_id, s.segment);
+    EXECUTE format('DROP TABLE %s', s.segment);
+    PERFORM fluxpg._forget_segment(s.queue_id, s.partition);
+    k := k + 1;
+  END LOOP;
+  RETURN k;
+END $$;
+COMMENT ON FUNCTION fluxpg.enforce_retention() IS 'Drop the segments retention allows dropping now; returns how many (never DELETEs from the log)';

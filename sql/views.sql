@@ -1,0 +1,81 @@
+-- Views for people and scripts (DESIGN §3). Columns listed in DESIGN are a public contract.
+
+-- Every segment (child table of a queue's log table) with its offset range, read from the
+-- partition bounds in the catalog: FOR VALUES FROM (p, 'a') TO (p, 'b').
+CREATE OR REPLACE VIEW fluxpg._segment_list AS
+SELECT q.id AS queue_id, q.name AS queue, b.m[1]::int AS partition, c.oid::regclass AS segment,
+       c.relname::text AS name, b.m[2]::bigint AS from_seq, b.m[4]::bigint AS to_seq
+  FROM fluxpg.queues q
+  JOIN pg_class parent ON parent.relname = 'log_' || q.id AND parent.relnamespace = 'fluxpg'::regnamespace
+  JOIN pg_inherits i ON i.inhparent = parent.oid AND NOT i.inhdetachpending
+  JOIN pg_class c ON c.oid = i.inhrelid
+  CROSS JOIN LATERAL (SELECT regexp_match(pg_get_expr(c.relpartbound, c.oid),
+                      'FROM \((\d+), ''?(\d+)''?\) TO \((\d+), ''?(\d+)''?\)') AS m) b;
+
+-- Per-segment statistics for people; counts rows, so it reads every segment.
+CREATE OR REPLACE FUNCTION fluxpg._segment_stats(seg regclass, OUT rows bigint, OUT min_created_at timestamptz,
+                                                 OUT max_created_at timestamptz)
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+  EXECUTE format('SELECT count(*), min(created_at), max(created_at) FROM %s', seg) INTO rows, min_created_at, max_created_at;
+END $$;
+
+CREATE OR REPLACE VIEW fluxpg.segments AS
+SELECT sl.queue, sl.partition, sl.name, sl.from_seq, sl.to_seq, st.rows,
+       pg_total_relation_size(sl.segment) AS bytes, st.min_created_at, st.max_created_at
+  FROM fluxpg._segment_list sl CROSS JOIN LATERAL fluxpg._segment_stats(sl.segment) st
+ ORDER BY sl.queue, sl.partition, sl.from_seq;
+COMMENT ON VIEW fluxpg.segments IS 'Log segments per queue partition: offset range [from_seq, to_seq), rows, size, time range';
+
+-- Committed offset of each group partition: classic = lowest pending offset, else the cursor;
+-- stream = the checkpoint.
+CREATE OR REPLACE VIEW fluxpg._group_progress AS
+SELECT g.id AS group_id, g.queue_id, g.name, g.mode, c.partition, c.cursor,
+       CASE WHEN g.mode = 'classic'
+            THEN coalesce((SELECT min(p.seq) FROM fluxpg.pending p WHERE p.group_id = g.id AND p.partition = c.partition), c.cursor)
+            ELSE c.committed END AS committed
+  FROM fluxpg.groups g JOIN fluxpg.cursors c ON c.group_id = g.id;
+
+CREATE OR REPLACE VIEW fluxpg.queue_stats AS
+SELECT q.name AS queue, q.kind, q.partitions,
+       sum(h.next_seq)::bigint AS head,
+       sum(h.next_seq - CASE WHEN q.kind = 'classic'
+                             THEN greatest(h.first_seq, coalesce((SELECT min(gp.committed) FROM fluxpg._group_progress gp
+                                                                   WHERE gp.queue_id = q.id AND gp.partition = h.partition), h.first_seq))
+                             ELSE h.first_seq END)::bigint AS depth,
+       (SELECT coalesce(sum(pg_total_relation_size(sl.segment)), 0) FROM fluxpg._segment_list sl WHERE sl.queue_id = q.id)::bigint AS bytes,
+       (SELECT count(*) FROM fluxpg._segment_list sl WHERE sl.queue_id = q.id)::int AS segments,
+       (SELECT min(o.created_at) FROM fluxpg.heads h2
+          CROSS JOIN LATERAL (SELECT l.created_at FROM fluxpg.log l
+                               WHERE l.queue_id = q.id AND l.partition = h2.partition AND l.seq >= h2.first_seq
+                               ORDER BY l.seq LIMIT 1) o
+         WHERE h2.queue_id = q.id) AS oldest_at,
+       q.topics, (SELECT count(*) FROM fluxpg.groups g WHERE g.queue_id = q.id)::int AS groups
+  FROM fluxpg.queues q JOIN fluxpg.heads h ON h.queue_id = q.id
+ GROUP BY q.id
+ ORDER BY q.name;
+COMMENT ON VIEW fluxpg.queue_stats IS 'Per queue: head (messages ever appended), depth (classic: waiting for the slowest group; stream: retained), bytes, segments, oldest retained message time';
+
+CREATE OR REPLACE VIEW fluxpg.group_status AS
+SELECT q.name AS queue, gp.name AS grp, gp.mode, gp.partition, gp.cursor, gp.committed,
+       h.next_seq - gp.committed AS lag,
+       (SELECT count(*) FROM fluxpg.pending p WHERE p.group_id = gp.group_id AND p.partition = gp.partition)::int AS pending,
+       now() - (SELECT min(p.delivered_at) FROM fluxpg.pending p WHERE p.group_id = gp.group_id AND p.partition = gp.partition) AS oldest_pending_age,
+       g.filter, g.auto_commit,
+       (SELECT count(*) FROM fluxpg.members m WHERE m.group_id = g.id)::int AS consumers,
+       g.last_active_at
+  FROM fluxpg._group_progress gp
+  JOIN fluxpg.groups g ON g.id = gp.group_id
+  JOIN fluxpg.queues q ON q.id = gp.queue_id
+  JOIN fluxpg.heads h ON h.queue_id = gp.queue_id AND h.partition = gp.partition
+ ORDER BY q.name, gp.name, gp.partition;
+COMMENT ON VIEW fluxpg.group_status IS 'Per group and partition: cursor (next to deliver), committed (safe floor), lag, pending entries and the age of the oldest';
+
+CREATE OR REPLACE VIEW fluxpg.pending_entries AS
+SELECT q.name AS queue, g.name AS grp, p.partition, p.seq, p.consumer, now() - p.delivered_at AS idle,
+       p.delivery_count, p.delivered_at, p.visible_at, q.name || ':' || p.seq AS message_id
+  FROM fluxpg.pending p
+  JOIN fluxpg.groups g ON g.id = p.group_id
+  JOIN fluxpg.queues q ON q.id = g.queue_id
+ ORDER BY q.name, g.name, p.partition, p.seq;
+COMMENT ON VIEW fluxpg.pending_entries IS 'XPENDING: every delivered, unacknowledged message with its consumer, idle time and delivery count';

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import ssl as ssl_module
 
+from fluxpg.auth import authenticator_for
 from fluxpg.config import Config, parse_address
 from fluxpg.protocols.listener import BrokerContext, Listener, ListenerError
 from fluxpg.queues.manager import QueueManager
@@ -19,7 +20,7 @@ class Server:
     def __init__(self, manager: QueueManager, config: Config):
         self.manager = manager
         self.config = config
-        self.ctx = BrokerContext(manager=manager, config=config)
+        self.ctx = BrokerContext(manager=manager, config=config, auth=authenticator_for(config))
         self.listeners: dict[str, Listener] = {}
 
     @classmethod

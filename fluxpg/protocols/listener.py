@@ -47,6 +47,7 @@ class BrokerContext:
 
     manager: Any
     config: Any
+    auth: Any = None          # fluxpg.auth authenticator; None → open (set by Server)
     state: dict[str, Any] = field(default_factory=dict)
     connections: set[asyncio.Task] = field(default_factory=set)
 

@@ -264,7 +264,7 @@ BEGIN
   END IF;
   FOR p IN old_parts .. parts - 1 LOOP
     INSERT INTO fluxpg.heads (queue_id, partition) VALUES (q.id, p);
-    PERFORM fluxpg._ensure_segments(q.id, p, (size + 1) / 2);
+    PERFORM fluxpg._ensure_segments(q.id, p, size / 2);
     INSERT INTO fluxpg.cursors (group_id, partition, cursor, committed)
     SELECT g.id, p, 0, 0 FROM fluxpg.groups g WHERE g.queue_id = q.id;
   END LOOP;
@@ -361,7 +361,8 @@ BEGIN
                            r.name, first - floor_seq, r.settings #>> '{limits,max_depth}');
       END IF;
     END IF;
-    PERFORM fluxpg._ensure_segments(r.qid, r.p, first + r.k + ((SELECT segment_size FROM fluxpg.queues WHERE id = r.qid) + 1) / 2 - 1);
+    -- Pre-create the next segment once the head reaches half of the newest one.
+    PERFORM fluxpg._ensure_segments(r.qid, r.p, first + r.k + (SELECT segment_size FROM fluxpg.queues WHERE id = r.qid) / 2);
     res_q := res_q || r.qid;
     res_p := res_p || r.p;
     res_first := res_first || first;
@@ -516,7 +517,8 @@ BEGIN
     max_pending := coalesce((q.settings #>> '{delivery,max_pending}')::int, 0);
     IF max_pending > 0 THEN
       SELECT min(p.seq) INTO lowest FROM fluxpg.pending p WHERE p.group_id = g.id AND p.partition = part;
-      IF lowest IS NOT NULL AND cur - lowest >= max_pending - want THEN
+      -- cur - lowest bounds the pending count from above; count exactly only near the cap.
+      IF cur - coalesce(lowest, cur) + want > max_pending THEN
         SELECT count(*) INTO npending FROM fluxpg.pending p WHERE p.group_id = g.id;
         IF npending >= max_pending THEN RETURN; END IF;
         want := least(want, max_pending - npending);

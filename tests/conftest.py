@@ -61,8 +61,3 @@ async def manager_factory(dsn):
     yield make
     for mgr in reversed(started):
         await mgr.close()
-
-
-async def declare(conn: asyncpg.Connection, name: str, kind: str = "classic", settings: dict | None = None,
-                  topics: list[str] | None = None) -> int:
-    return await conn.fetchval("SELECT fluxpg.declare_queue($1, $2, $3, $4)", name, kind, topics, settings or {})

@@ -1,0 +1,36 @@
+"""Small helpers for engine tests that talk SQL directly."""
+from __future__ import annotations
+
+import asyncpg
+
+
+async def declare(conn: asyncpg.Connection, name: str, kind: str = "classic", settings: dict | None = None,
+                  topics: list[str] | None = None) -> int:
+    return await conn.fetchval("SELECT fluxpg.declare_queue($1, $2, $3, $4)", name, kind, topics, settings or {})
+
+
+async def publish(conn: asyncpg.Connection, topic: str, payload: bytes = b"x", headers: dict | None = None):
+    return [tuple(r) for r in await conn.fetch("SELECT queue, seq FROM fluxpg.publish($1, $2, $3)", topic, payload, headers)]
+
+
+async def publish_many(conn: asyncpg.Connection, queue: str, n: int, routing_key: str = "k", payload: bytes = b"x"):
+    qid = await conn.fetchval("SELECT id FROM fluxpg.queues WHERE name = $1", queue)
+    await conn.fetch("SELECT * FROM fluxpg.append_batch($1, $2, $3)", [qid] * n,
+                     [f"$queue/{queue}/{routing_key}"] * n, [payload] * n)
+
+
+async def claim(conn, queue, group, consumer, n=1):
+    return [r["seq"] for r in await conn.fetch("SELECT seq FROM fluxpg.claim($1, $2, $3, $4)", queue, group, consumer, n)]
+
+
+async def read(conn, queue, group, consumer, n=1):
+    return [r["seq"] for r in await conn.fetch("SELECT seq FROM fluxpg.read($1, $2, $3, $4)", queue, group, consumer, n)]
+
+
+async def status(conn, queue, group):
+    return await conn.fetchrow("SELECT * FROM fluxpg.group_status WHERE queue = $1 AND grp = $2", queue, group)
+
+
+async def pending(conn, queue, group):
+    return [r["seq"] for r in await conn.fetch(
+        "SELECT seq FROM fluxpg.pending_entries WHERE queue = $1 AND grp = $2 ORDER BY seq", queue, group)]

@@ -176,11 +176,15 @@ async def _init_connection(conn: asyncpg.Connection, node_id: int | None) -> Non
 async def create_pool(dsn: str, *, min_size: int = 2, max_size: int = 10,
                       node_id: int | None = None) -> asyncpg.Pool:
     async def init(conn):
-        await _init_connection(conn, node_id)
+        await _init_connection(conn, None)
 
+    # The node id goes in the startup packet: asyncpg's pool runs RESET ALL when a connection is
+    # released, which would drop a SET but restores startup settings.
+    settings = {"fluxpg.node_id": str(node_id)} if node_id is not None else None
     try:
         return await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size, init=init,
-                                         command_timeout=60, max_inactive_connection_lifetime=300)
+                                         command_timeout=60, max_inactive_connection_lifetime=300,
+                                         server_settings=settings)
     except (OSError, asyncpg.PostgresError) as exc:
         raise Unavailable(f"cannot connect to PostgreSQL: {exc}") from exc
 

@@ -1,0 +1,784 @@
+"""AMQP 1.0 front-end: one asyncio task per connection drives a proton engine (engine.py).
+
+Life of a connection:
+1. SASL (sasl.py, our own layer: the PyPI proton has no Cyrus SASL) when the client starts with
+   `AMQP\\x03\\x01\\x00\\x00`: PLAIN and, when allowed, ANONYMOUS, checked by `ctx.auth`. A client
+   that skips SASL (plain `AMQP\\x00\\x01\\x00\\x00`) is anonymous; when auth is on and anonymous
+   access is not allowed its open is answered with a close `amqp:unauthorized-access`.
+2. AMQP through proton: sessions, and links.
+   - A link the client sends on (our receiver) publishes to its target address: `$queue/<q>/…`
+     (a bare queue name means `$queue/<q>`; no address = anonymous relay, each message's `to`).
+     A transfer is settled Accepted only after the publish committed; Rejected with
+     `amqp:resource-limit-exceeded` (queue full), `amqp:not-found`, `amqp:unauthorized-access`,
+     `amqp:link:message-size-exceeded`, `amqp:decode-error`, … otherwise.
+   - A link the client receives on (our sender) consumes the source address: `$queue/<q>`,
+     `$queue/<q>/<filter>` or a bare queue name; a topic filter may also come as a source filter
+     (`topic`, `topic-filter`, `subject-filter`, or the legacy AMQP topic/direct bindings). Attach
+     properties: `consumer-group` (default: the client's container id) and `cursor` (stream
+     queues: `earliest`, `latest`, a number, `first`, `last`, `offset=N`, `timestamp=N`),
+     `auto-commit` (bool). Deliveries stay within the link credit (the Subscription's credit
+     mirrors it). snd-settle-mode `settled` is at-most-once: the message is acknowledged when sent.
+     Client dispositions: Accepted → ack, Released → nack, Rejected → reject (DLQ),
+     Modified(undeliverable-here) → reject, other Modified → nack.
+3. Heartbeats: proton's idle timeout both ways (`IDLE_TIMEOUT` ours, the client's as it asks).
+
+Ordering: events are handled one at a time in the order proton reports them; a consumer attach
+awaits its subscription before later events (its credit) are handled. Publishes are started in
+arrival order and settled as they commit: `QueueManager.publish` hands a message to the appender
+before its first await, so starting them in order keeps their offsets in order while the
+connection keeps reading (no one-commit-per-message stall).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from proton import Condition, Data, Described, Event, Link, Message, symbol
+from proton import Delivery as PnDelivery
+
+from fluxpg.auth import AuthError, OpenAuthenticator, Principal
+from fluxpg.protocols.amqp10.engine import EngineEvent, ProtonEngine
+from fluxpg.protocols.amqp10.messages import MessageError, from_delivery, to_log
+from fluxpg.protocols.amqp10.sasl import SASL_HEADER, SaslCode, SaslError, SaslServer
+from fluxpg.queues.types import Delivery, FluxError, InvalidArgument
+from fluxpg.topics import (DLQ_PREFIX, QUEUE_PREFIX, is_queue_topic, parse_queue_topic,
+                           split_queue_subscription, validate_queue_name, validate_topic_filter,
+                           validate_topic_name)
+
+log = logging.getLogger("fluxpg.amqp10")
+
+READ_SIZE = 64 * 1024
+IDLE_TIMEOUT = 60.0          # seconds; a client silent this long is disconnected
+SASL_TIMEOUT = 30.0          # seconds to finish the SASL exchange
+CLOSE_GRACE = 2.0            # seconds to wait for the client's close after ours
+PUBLISH_WINDOW = 256         # credit given to a publishing link (unconfirmed publishes in flight)
+MAX_FRAME_SIZE = 1024 * 1024
+
+# FluxError.code → AMQP 1.0 error condition
+ERROR_CONDITIONS = {
+    "not-found": "amqp:not-found",
+    "queue-full": "amqp:resource-limit-exceeded",
+    "too-large": "amqp:link:message-size-exceeded",
+    "invalid": "amqp:invalid-field",
+    "wrong-kind": "amqp:not-allowed",
+    "unavailable": "amqp:internal-error",
+}
+
+TOPIC_FILTER_KEYS = {"topic", "topic-filter", "x-topic-filter", "subject-filter"}
+TOPIC_FILTER_DESCRIPTORS = {"apache.org:legacy-amqp-topic-binding:string",
+                            "apache.org:legacy-amqp-direct-binding:string"}
+
+
+def _condition(exc: BaseException) -> Condition:
+    if isinstance(exc, FluxError):
+        return Condition(ERROR_CONDITIONS.get(exc.code, "amqp:internal-error"), str(exc))
+    if isinstance(exc, MessageError):
+        return Condition("amqp:decode-error", str(exc))
+    return Condition("amqp:internal-error", "internal error")
+
+
+class Refused(Exception):
+    """A link or message the client may not have: carries the AMQP error condition."""
+
+    def __init__(self, name: str, description: str):
+        super().__init__(description)
+        self.condition = Condition(name, description)
+
+
+@dataclass(eq=False)
+class _Consumer:
+    """Our sender link: a subscription to a queue."""
+
+    link: Link
+    queue: str
+    sub: Any = None
+    presettled: bool = False
+    unsettled: dict[bytes, Delivery] = field(default_factory=dict)
+    next_tag: int = 0
+    closed: bool = False
+    drain_task: asyncio.Task | None = None
+
+
+@dataclass(eq=False)
+class _Publisher:
+    """Our receiver link: messages the client sends to `topic` (None: each message's `to`)."""
+
+    link: Link
+    topic: str | None
+    in_flight: int = 0
+    buffers: dict[int, bytearray] = field(default_factory=dict)
+    closed: bool = False
+
+
+async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, initial: bytes, ctx) -> None:
+    """The listener's entry point: `initial` is the 8-byte AMQP 1.0 header (plain or SASL)."""
+    await AmqpConnection(reader, writer, ctx).run(initial)
+
+
+def _peer(writer: asyncio.StreamWriter) -> str:
+    peer = writer.get_extra_info("peername")
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        return f"{peer[0]}:{peer[1]}"
+    return str(peer) if peer else "unknown"
+
+
+class AmqpConnection:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ctx):
+        self.reader = reader
+        self.writer = writer
+        self.ctx = ctx
+        self.manager = ctx.manager
+        self.auth = ctx.auth if ctx.auth is not None else OpenAuthenticator()
+        self.peer = _peer(writer)
+        self.principal: Principal | None = None
+        container = ctx.state.get("amqp10.container_id")
+        if container is None:
+            container = ctx.state["amqp10.container_id"] = f"fluxpg-{socket.gethostname()}-{os.getpid()}"
+        self.engine = ProtonEngine(container_id=container, idle_timeout=IDLE_TIMEOUT, max_frame_size=MAX_FRAME_SIZE)
+        self.consumers: dict[Link, _Consumer] = {}
+        self.publishers: dict[Link, _Publisher] = {}
+        self._wake = asyncio.Event()
+        self._closed = False
+        self._tasks: set[asyncio.Task] = set()
+        # acknowledgements go to the database in batches: (verb, queue, group, partition, reason) → seqs
+        self._acks: dict[tuple, list[int]] = defaultdict(list)
+        self._ack_event = asyncio.Event()
+        self._ack_task: asyncio.Task | None = None
+
+    # ------------------------------------------------------------------------------ life cycle
+
+    async def run(self, initial: bytes) -> None:
+        try:
+            if initial[:8] == SASL_HEADER:
+                if not await self._sasl(initial):
+                    return
+            else:
+                self.engine.receive(initial)
+            await self._loop()
+        finally:
+            await self._cleanup()
+
+    def _kick(self) -> None:
+        self._wake.set()
+
+    def _write(self, data: bytes) -> None:
+        if data and not self.writer.is_closing():
+            self.writer.write(data)
+
+    async def _sasl(self, initial: bytes) -> bool:
+        """Run the SASL exchange; True when the client is authenticated (self.principal set)."""
+        enabled = getattr(self.auth, "enabled", False)
+        anonymous = getattr(self.auth, "allow_anonymous", True)
+        mechanisms = ["PLAIN"] + (["ANONYMOUS"] if anonymous or not enabled else [])
+        sasl = SaslServer(mechanisms)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + SASL_TIMEOUT
+        data = initial
+        try:
+            while True:
+                events = sasl.receive(data)
+                self._write(sasl.take_output())
+                await self.writer.drain()
+                if events:
+                    break
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    log.info("amqp10 %s: SASL exchange timed out", self.peer)
+                    return False
+                data = await asyncio.wait_for(self.reader.read(READ_SIZE), remaining)
+                if not data:
+                    return False
+        except SaslError as exc:
+            log.info("amqp10 %s: SASL protocol error: %s", self.peer, exc)
+            return False
+        except (asyncio.TimeoutError, ConnectionError):
+            return False
+        init = events[0]
+        try:
+            if init.mechanism == "PLAIN":
+                principal = await self.auth.authenticate(init.username, init.password, protocol="amqp10",
+                                                         peer=self.peer)
+            elif init.mechanism == "ANONYMOUS" and init.mechanism in sasl.mechanisms:
+                principal = await self.auth.authenticate(None, None, protocol="amqp10", peer=self.peer)
+            else:
+                raise AuthError(f"SASL mechanism {init.mechanism} is not offered")
+        except AuthError as exc:
+            log.info("amqp10 %s: SASL %s login refused: %s", self.peer, init.mechanism, exc)
+            self._write(sasl.outcome(SaslCode.AUTH))
+            await self._drain_quietly()
+            return False
+        except Exception:  # noqa: BLE001 - the authenticator failed (database down…): tell the client
+            log.exception("amqp10 %s: authentication failed with an error", self.peer)
+            self._write(sasl.outcome(SaslCode.SYS_TEMP))
+            await self._drain_quietly()
+            return False
+        self.principal = principal
+        self._write(sasl.outcome(SaslCode.OK))
+        rest = sasl.take_rest()
+        if rest:
+            self.engine.receive(rest)
+        return True
+
+    async def _drain_quietly(self) -> None:
+        try:
+            await asyncio.wait_for(self.writer.drain(), CLOSE_GRACE)
+        except (Exception, asyncio.CancelledError):  # noqa: BLE001
+            pass
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        read_task: asyncio.Task | None = asyncio.ensure_future(self.reader.read(READ_SIZE))
+        wake_task: asyncio.Task | None = None
+        close_deadline: float | None = None
+        self.engine.tick(time.monotonic())
+        try:
+            while True:
+                await self._pump()
+                if self.engine.closed:
+                    return
+                if self.engine.output_closed:
+                    # We sent our close; give the client a moment to answer with its own.
+                    if close_deadline is None:
+                        close_deadline = loop.time() + CLOSE_GRACE
+                    elif loop.time() >= close_deadline:
+                        return
+                if wake_task is None:
+                    wake_task = asyncio.ensure_future(self._wake.wait())
+                waits = {wake_task} | ({read_task} if read_task is not None else set())
+                timeout = None
+                next_tick = self.engine.next_tick
+                if next_tick is not None:
+                    timeout = max(0.0, next_tick - time.monotonic())
+                if close_deadline is not None:
+                    left = max(0.0, close_deadline - loop.time())
+                    timeout = left if timeout is None else min(timeout, left)
+                done, _ = await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                if read_task is not None and read_task in done:
+                    try:
+                        data = read_task.result()
+                    except (ConnectionError, OSError):
+                        data = b""
+                    if data:
+                        try:
+                            self.engine.receive(data)
+                        except BufferError:
+                            log.warning("amqp10 %s: input overflow; closing", self.peer)
+                            return
+                        read_task = asyncio.ensure_future(self.reader.read(READ_SIZE))
+                    else:
+                        read_task = None
+                        self.engine.receive_eof()
+                if wake_task in done:
+                    self._wake.clear()
+                    wake_task = None
+                self.engine.tick(time.monotonic())
+        finally:
+            for task in (read_task, wake_task):
+                if task is not None and not task.done():
+                    task.cancel()
+
+    async def _pump(self) -> None:
+        """Handle every pending event (handlers may cause more), then write what proton has."""
+        while True:
+            events = self.engine.events()
+            if not events:
+                break
+            for event in events:
+                try:
+                    await self._dispatch(event)
+                except (FluxError, Refused) as exc:
+                    log.info("amqp10 %s: %s", self.peer, exc)
+                except Exception:  # noqa: BLE001 - close this connection cleanly, never the listener
+                    log.exception("amqp10 %s: handling %s failed", self.peer, event.name)
+                    self.engine.close_with_error(Condition("amqp:internal-error", "internal error"))
+        out = self.engine.output()
+        if out and not self.writer.is_closing():
+            self.writer.write(out)
+            await self.writer.drain()
+
+    async def _cleanup(self) -> None:
+        self._closed = True
+        for consumer in list(self.consumers.values()):
+            await self._close_consumer(consumer)
+        self.consumers.clear()
+        self.publishers.clear()
+        if self._ack_task is not None:
+            # Apply the acknowledgements received before the connection ended.
+            self._ack_event.set()
+            try:
+                await asyncio.wait_for(self._flush_acks(), 5)
+            except (Exception, asyncio.TimeoutError):  # noqa: BLE001
+                log.warning("amqp10 %s: could not apply the last acknowledgements", self.peer)
+            self._ack_task.cancel()
+        try:
+            out = self.engine.output()
+            if out and not self.writer.is_closing():
+                self.writer.write(out)
+        except Exception:  # noqa: BLE001
+            pass
+
+    # ------------------------------------------------------------------------------ dispatch
+
+    async def _dispatch(self, ev: EngineEvent) -> None:
+        t = ev.type
+        if t == Event.CONNECTION_REMOTE_OPEN:
+            await self._on_open(ev.connection)
+        elif t == Event.CONNECTION_REMOTE_CLOSE:
+            cond = ev.connection.remote_condition
+            if cond is not None:
+                log.info("amqp10 %s: client closed with %s: %s", self.peer, cond.name, cond.description)
+            for consumer in list(self.consumers.values()):
+                await self._close_consumer(consumer)
+            if not ev.connection.state & ev.connection.LOCAL_CLOSED:
+                ev.connection.close()
+        elif t == Event.SESSION_REMOTE_OPEN:
+            if ev.session.state & ev.session.LOCAL_UNINIT:
+                ev.session.open()
+        elif t == Event.SESSION_REMOTE_CLOSE:
+            for link in list(self.consumers) + list(self.publishers):
+                if link.session == ev.session:
+                    await self._forget_link(link)
+            if not ev.session.state & ev.session.LOCAL_CLOSED:
+                ev.session.close()
+        elif t == Event.LINK_REMOTE_OPEN:
+            await self._on_attach(ev.link)
+        elif t in (Event.LINK_REMOTE_CLOSE, Event.LINK_REMOTE_DETACH):
+            link = ev.link
+            await self._forget_link(link)
+            if not link.state & link.LOCAL_CLOSED:
+                if t == Event.LINK_REMOTE_DETACH:
+                    link.detach()
+                else:
+                    link.close()
+        elif t == Event.LINK_FLOW:
+            consumer = self.consumers.get(ev.link)
+            if consumer is not None:
+                self._on_flow(consumer)
+        elif t == Event.DELIVERY:
+            link = ev.link
+            if link.is_receiver:
+                publisher = self.publishers.get(link)
+                if publisher is not None:
+                    self._on_transfer(publisher, ev.delivery)
+            else:
+                consumer = self.consumers.get(link)
+                if consumer is not None:
+                    self._on_disposition(consumer, ev.delivery)
+        elif t == Event.TRANSPORT_ERROR:
+            cond = self.engine.transport.condition
+            if cond is not None:
+                log.info("amqp10 %s: transport error %s: %s", self.peer, cond.name, cond.description)
+
+    async def _on_open(self, conn) -> None:
+        if self.principal is None:
+            # The client skipped SASL: it is anonymous, which the authenticator may refuse.
+            try:
+                self.principal = await self.auth.authenticate(None, None, protocol="amqp10", peer=self.peer)
+            except AuthError as exc:
+                log.info("amqp10 %s: connection without SASL refused: %s", self.peer, exc)
+                self.engine.close_with_error(Condition(
+                    "amqp:unauthorized-access", "authentication required: connect with SASL PLAIN"))
+                return
+        conn.properties = {symbol("product"): "fluxpg"}
+        conn.offered_capabilities = [symbol("ANONYMOUS-RELAY")]
+        conn.open()
+
+    # ------------------------------------------------------------------------------ links
+
+    async def _on_attach(self, link: Link) -> None:
+        if self.principal is None or self._closed:
+            return
+        try:
+            if link.is_sender:
+                await self._attach_consumer(link)
+            else:
+                self._attach_publisher(link)
+        except (Refused, FluxError) as exc:
+            cond = exc.condition if isinstance(exc, Refused) else _condition(exc)
+            log.info("amqp10 %s: link %r refused: %s", self.peer, link.name, cond.description)
+            # A refused attach: answer with a null terminus, then detach with the error (spec 2.6.3).
+            if link.state & link.LOCAL_UNINIT:
+                link.open()
+            link.condition = cond
+            link.close()
+
+    def _attach_publisher(self, link: Link) -> None:
+        remote = link.remote_target
+        if remote.dynamic:
+            raise Refused("amqp:not-implemented", "dynamic targets are not supported")
+        address = remote.address
+        topic = self._publish_topic(address) if address else None
+        if topic is not None and not self.principal.allowed("publish", topic):
+            raise Refused("amqp:unauthorized-access", f"not allowed to publish to {address!r}")
+        link.target.copy(remote)
+        link.source.copy(link.remote_source)
+        link.rcv_settle_mode = Link.RCV_FIRST
+        link.snd_settle_mode = link.remote_snd_settle_mode
+        link.open()
+        self.publishers[link] = _Publisher(link, topic)
+        link.flow(PUBLISH_WINDOW)
+
+    @staticmethod
+    def _publish_topic(address: str) -> str:
+        """A target address (or message `to`) → the topic to publish to. Raises Refused."""
+        topic = address
+        if not (topic.startswith(QUEUE_PREFIX) or topic.startswith(DLQ_PREFIX)):
+            # A bare queue name is that queue (`orders` = `$queue/orders`).
+            try:
+                validate_queue_name(address)
+            except InvalidArgument:
+                raise Refused("amqp:not-found",
+                              f"cannot publish to {address!r}: use $queue/<queue>[/<routing key>] "
+                              "or a queue name") from None
+            topic = QUEUE_PREFIX + address
+        try:
+            validate_topic_name(topic)
+            if is_queue_topic(topic):
+                parse_queue_topic(topic)
+        except InvalidArgument as exc:
+            raise Refused("amqp:invalid-field", str(exc)) from None
+        return topic
+
+    async def _attach_consumer(self, link: Link) -> None:
+        remote = link.remote_source
+        if remote.dynamic:
+            raise Refused("amqp:not-implemented", "dynamic sources are not supported")
+        address = remote.address
+        if not address:
+            raise Refused("amqp:invalid-field", "a receiver link needs a source address: $queue/<queue>[/<filter>]")
+        try:
+            queue, topic_filter = split_queue_subscription(address)
+        except InvalidArgument as exc:
+            raise Refused("amqp:invalid-field", str(exc)) from None
+        applied_filters: dict = {}
+        source_filter, filter_key, filter_value = _topic_filter(remote)
+        if source_filter is not None:
+            if topic_filter is not None and topic_filter != source_filter:
+                raise Refused("amqp:invalid-field",
+                              f"two topic filters: {topic_filter!r} in the address and {source_filter!r} "
+                              "as a source filter")
+            try:
+                validate_topic_filter(source_filter)
+            except InvalidArgument as exc:
+                raise Refused("amqp:invalid-field", f"source filter: {exc}") from None
+            topic_filter = source_filter
+            applied_filters[filter_key] = filter_value
+        name = f"{QUEUE_PREFIX}{queue}/{topic_filter}" if topic_filter is not None else queue
+        if not self.principal.allowed("consume", name):
+            raise Refused("amqp:unauthorized-access", f"not allowed to consume from {address!r}")
+        props = _properties(link.remote_properties)
+        conn = link.connection
+        group = props.get("consumer-group") or conn.remote_container or "amqp"
+        position = props.get("cursor")
+        if position is not None and not isinstance(position, (str, int)):
+            raise Refused("amqp:invalid-field", f"cursor: expected a string or number, got {position!r}")
+        auto_commit = props.get("auto-commit")
+        if auto_commit is not None:
+            if isinstance(auto_commit, str):
+                auto_commit = auto_commit.strip().lower() in ("true", "1", "yes")
+            else:
+                auto_commit = bool(auto_commit)
+        consumer_name = f"{conn.remote_container or self.peer}/{link.name}"
+        consumer = _Consumer(link, queue, presettled=link.remote_snd_settle_mode == Link.SND_SETTLED)
+        try:
+            sub = await self.manager.subscribe(
+                queue, str(group), consumer_name, on_delivery=lambda d: self._deliver(consumer, d),
+                filter=topic_filter, position=position, auto_commit=auto_commit, credit=0,
+                on_error=lambda exc: self._on_subscription_error(consumer, exc))
+        except ValueError as exc:  # a malformed cursor (stream.normalize_position)
+            raise Refused("amqp:invalid-field", f"cursor: {exc}") from None
+        consumer.sub = sub
+        if self._closed or link.state & link.REMOTE_CLOSED:
+            await sub.close()
+            return
+        link.source.copy(remote)
+        # Echo only the filters we apply, so the client can tell an ignored one (spec 3.5.8).
+        link.source.filter.clear()
+        if applied_filters:
+            link.source.filter.put_dict(applied_filters)
+        link.target.copy(link.remote_target)
+        link.snd_settle_mode = Link.SND_SETTLED if consumer.presettled else Link.SND_UNSETTLED
+        link.properties = {symbol("consumer-group"): str(group), symbol("queue-kind"): sub.kind,
+                           symbol("group-id"): sub.group}
+        link.open()
+        self.consumers[link] = consumer
+        sub.set_credit(link.credit)
+
+    async def _forget_link(self, link: Link) -> None:
+        consumer = self.consumers.pop(link, None)
+        if consumer is not None:
+            await self._close_consumer(consumer)
+        publisher = self.publishers.pop(link, None)
+        if publisher is not None:
+            publisher.closed = True
+
+    async def _close_consumer(self, consumer: _Consumer) -> None:
+        if consumer.closed:
+            return
+        consumer.closed = True
+        if consumer.drain_task is not None:
+            consumer.drain_task.cancel()
+        if consumer.sub is not None:
+            # Unsettled classic deliveries stay pending: the same consumer gets them back when it
+            # reattaches, others after the visibility timeout.
+            await consumer.sub.close()
+
+    def _on_subscription_error(self, consumer: _Consumer, exc: FluxError) -> None:
+        link = consumer.link
+        consumer.closed = True
+        self.consumers.pop(link, None)
+        if not link.state & link.LOCAL_CLOSED:
+            link.condition = _condition(exc)
+            link.close()
+        self._kick()
+
+    # ------------------------------------------------------------------------------ consuming
+
+    def _on_flow(self, consumer: _Consumer) -> None:
+        link = consumer.link
+        if consumer.sub is None:
+            return
+        # Proton's credit and the subscription's count down together (one per message sent), so
+        # the link's credit is the subscription's whenever no delivery is half-way.
+        consumer.sub.set_credit(link.credit)
+        if link.drain_mode and link.credit > 0 and consumer.drain_task is None:
+            consumer.drain_task = asyncio.ensure_future(self._drain(consumer))
+
+    async def _drain(self, consumer: _Consumer) -> None:
+        """The client asked us to use up or give back its credit: send what is available right
+        now (the subscription is woken with the credit), then report the rest as drained."""
+        try:
+            await asyncio.sleep(0.05)
+            for _ in range(20):
+                sub = consumer.sub
+                if consumer.closed or sub is None:
+                    return
+                link = consumer.link
+                if not link.drain_mode or link.credit <= 0:
+                    return
+                # Give a fetch in progress time to complete before declaring the queue empty.
+                before = sub.delivered
+                await asyncio.sleep(0.05)
+                if sub.delivered == before:
+                    link.drained()
+                    sub.set_credit(0)
+                    self._kick()
+                    return
+        finally:
+            consumer.drain_task = None
+
+    def _deliver(self, consumer: _Consumer, delivery: Delivery) -> None:
+        """Subscription callback: send one message on the link (synchronously, so the link's
+        credit and the subscription's stay equal)."""
+        link = consumer.link
+        if consumer.closed or self._closed or link.state & link.LOCAL_CLOSED:
+            return  # classic: stays pending and comes back (reclaim or visibility timeout)
+        tag = str(consumer.next_tag).encode()
+        consumer.next_tag += 1
+        try:
+            encoded = from_delivery(delivery).encode()
+        except Exception:  # noqa: BLE001 - a message we cannot encode goes to the dead-letter queue
+            log.exception("amqp10: cannot encode %s; rejecting it", delivery.message_id)
+            self._queue_ack("reject", delivery, "cannot be encoded as an AMQP 1.0 message")
+            return
+        dlv = link.delivery(tag)
+        link.send(encoded)
+        link.advance()
+        if consumer.presettled:
+            dlv.settle()
+            self._queue_ack("ack", delivery)
+        else:
+            consumer.unsettled[tag] = delivery
+        self._kick()
+
+    def _on_disposition(self, consumer: _Consumer, dlv: PnDelivery) -> None:
+        # proton: `dlv.settled` is the client's settlement; ours is settle(), done once below.
+        if not (dlv.updated or dlv.settled):
+            return
+        delivery = consumer.unsettled.get(dlv.tag)
+        if delivery is None:
+            return  # already handled
+        state = dlv.remote_state
+        if state == PnDelivery.RECEIVED or (state is None and not dlv.settled):
+            return  # not an outcome yet
+        del consumer.unsettled[dlv.tag]
+        if state == PnDelivery.ACCEPTED or state is None:
+            # settled without an outcome: the client took it (AMQP default outcome is accepted
+            # for our source, which declares no other default)
+            self._queue_ack("ack", delivery)
+        elif state == PnDelivery.RELEASED:
+            self._queue_ack("nack", delivery)
+        elif state == PnDelivery.REJECTED:
+            cond = dlv.remote.condition
+            reason = (cond.description or cond.name) if cond is not None else "rejected"
+            self._queue_ack("reject", delivery, reason)
+        elif state == PnDelivery.MODIFIED:
+            if dlv.remote.undeliverable:
+                self._queue_ack("reject", delivery, "modified: undeliverable-here")
+            else:
+                self._queue_ack("nack", delivery)
+        dlv.settle()
+
+    def _queue_ack(self, verb: str, delivery: Delivery, reason: str | None = None) -> None:
+        key = (verb, delivery.queue, delivery.group, delivery.partition, reason)
+        self._acks[key].append(delivery.seq)
+        self._ack_event.set()
+        if self._ack_task is None:
+            self._ack_task = asyncio.ensure_future(self._ack_loop())
+
+    async def _ack_loop(self) -> None:
+        while True:
+            await self._ack_event.wait()
+            await self._flush_acks()
+
+    async def _flush_acks(self) -> None:
+        while self._acks:
+            self._ack_event.clear()
+            batch, self._acks = self._acks, defaultdict(list)
+            for (verb, queue, group, partition, reason), seqs in batch.items():
+                try:
+                    if verb == "ack":
+                        await self.manager.ack(queue, group, seqs, partition)
+                    elif verb == "nack":
+                        await self.manager.nack(queue, group, seqs, partition)
+                    else:
+                        await self.manager.reject(queue, group, seqs, reason, partition)
+                except FluxError as exc:
+                    # The entries stay pending and come back after the visibility timeout.
+                    log.warning("amqp10 %s: %s of %s %s failed: %s", self.peer, verb, queue, seqs, exc)
+        self._ack_event.clear()
+
+    # ------------------------------------------------------------------------------ publishing
+
+    def _on_transfer(self, publisher: _Publisher, dlv: PnDelivery) -> None:
+        link = publisher.link
+        if dlv.aborted:
+            publisher.buffers.pop(id(dlv), None)
+            dlv.settle()
+            link.advance()
+            self._top_up(publisher)
+            return
+        if not dlv.readable:
+            return
+        buffer = publisher.buffers.setdefault(id(dlv), bytearray())
+        while True:
+            chunk = link.recv(max(dlv.pending, 1))
+            if not chunk:
+                break
+            buffer += chunk
+        if dlv.partial:
+            return
+        publisher.buffers.pop(id(dlv), None)
+        link.advance()
+        settled_by_client = dlv.settled
+        try:
+            message = Message()
+            try:
+                message.decode(bytes(buffer))
+            except Exception as exc:  # noqa: BLE001
+                raise Refused("amqp:decode-error", f"cannot decode the message: {exc}") from None
+            topic = publisher.topic
+            if topic is None:
+                if not message.address:
+                    raise Refused("amqp:invalid-field",
+                                  "message without a `to` address sent on a link without a target address")
+                topic = self._publish_topic(message.address)
+                if not self.principal.allowed("publish", topic):
+                    raise Refused("amqp:unauthorized-access", f"not allowed to publish to {message.address!r}")
+            try:
+                payload, headers = to_log(message)
+            except MessageError as exc:
+                raise Refused("amqp:decode-error", str(exc)) from None
+        except Refused as exc:
+            log.info("amqp10 %s: message refused: %s", self.peer, exc)
+            if not settled_by_client:
+                dlv.local.condition = exc.condition
+                dlv.update(PnDelivery.REJECTED)
+            dlv.settle()
+            self._top_up(publisher)
+            return
+        publisher.in_flight += 1
+        task = asyncio.ensure_future(self._publish(publisher, dlv, topic, payload, headers, settled_by_client))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _publish(self, publisher: _Publisher, dlv: PnDelivery, topic: str, payload: bytes,
+                       headers: dict, settled_by_client: bool) -> None:
+        error: BaseException | None = None
+        try:
+            await self.manager.publish(topic, payload, headers)
+        except FluxError as exc:
+            error = exc
+        except Exception as exc:  # noqa: BLE001
+            log.exception("amqp10 %s: publish to %s failed", self.peer, topic)
+            error = exc
+        publisher.in_flight -= 1
+        if self._closed or publisher.closed:
+            return
+        if error is not None:
+            log.info("amqp10 %s: publish to %s refused: %s", self.peer, topic, error)
+        if not settled_by_client:
+            if error is None:
+                dlv.update(PnDelivery.ACCEPTED)
+            else:
+                dlv.local.condition = _condition(error)
+                dlv.update(PnDelivery.REJECTED)
+        dlv.settle()
+        self._top_up(publisher)
+        self._kick()
+
+    def _top_up(self, publisher: _Publisher) -> None:
+        """Keep credit + unconfirmed publishes ≤ PUBLISH_WINDOW (back-pressure on a fast sender),
+        granting in chunks rather than one flow frame per message."""
+        link = publisher.link
+        if publisher.closed or link.state & link.LOCAL_CLOSED:
+            return
+        room = PUBLISH_WINDOW - publisher.in_flight - link.credit
+        if room >= PUBLISH_WINDOW // 2 or (link.credit == 0 and room > 0):
+            link.flow(room)
+
+
+def _properties(remote) -> dict[str, Any]:
+    """Link attach properties (symbol-keyed map) as a plain dict with str keys."""
+    if not remote:
+        return {}
+    out = {}
+    for key, value in dict(remote).items():
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            value = bytes(value).decode("utf-8", "replace")
+        out[str(key)] = value
+    return out
+
+
+def _topic_filter(terminus) -> tuple[str | None, Any, Any]:
+    """A topic filter given as a source filter → (filter, its key, its value as sent)."""
+    data: Data = terminus.filter
+    if data is None:
+        return None, None, None
+    data.rewind()
+    if not data.next():
+        return None, None, None
+    try:
+        filters = data.get_object()
+    except Exception:  # noqa: BLE001
+        raise Refused("amqp:decode-error", "malformed source filter") from None
+    if not isinstance(filters, dict):
+        return None, None, None
+    for key, value in filters.items():
+        inner = value
+        descriptor = None
+        if isinstance(value, Described):
+            descriptor, inner = str(value.descriptor), value.value
+        if isinstance(inner, (bytes, bytearray, memoryview)):
+            inner = bytes(inner).decode("utf-8", "replace")
+        if not isinstance(inner, str):
+            continue
+        if str(key) in TOPIC_FILTER_KEYS or descriptor in TOPIC_FILTER_DESCRIPTORS:
+            return inner, key, value
+    return None, None, None

@@ -1,0 +1,437 @@
+"""MQTT pub/sub for ordinary (non-`$queue/`) topics: subscriptions, sessions, retained messages,
+and the relay that carries messages to the other fluxpg nodes sharing the database.
+
+One `Router` per broker process (created on the first MQTT connection, kept in ctx.state).
+
+* Local delivery is immediate and in publish order: `publish()` matches the topic against a
+  `TopicTree` of every session's filters and hands each matching session one copy.
+* Other nodes: when other live nodes exist (fluxpg.nodes), messages are batched into the UNLOGGED
+  table `fluxpg.mqtt_relay` with one `NOTIFY fluxpg_mqtt '<node>:<first>:<last>'` per batch; the
+  other nodes read exactly that id range (ids from a sequence do not commit in order, ranges do
+  not care) and deliver locally. The publisher's PUBACK waits for that commit.
+* Retained messages live in `fluxpg.mqtt_retained`, so every node and a restarted node see them;
+  a SUBSCRIBE reads the rows under its filter's literal prefix and matches them in Python.
+* Sessions (subscriptions, undelivered QoS 1/2 messages) are kept in this process's memory: a
+  persistent session survives reconnects to the same node, not a restart or a move to another node.
+* Shared subscriptions `$share/<group>/<filter>` are balanced round robin over the group's sessions
+  on this node; with members on several nodes each node delivers one copy (documented limit).
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import re
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+from fluxpg import db
+from fluxpg.topics import TopicTree, parse_shared, topic_matches
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .session import Session
+
+log = logging.getLogger("fluxpg.mqtt.router")
+
+RELAY_CHANNEL = "fluxpg_mqtt"
+RELAY_KEEP = timedelta(seconds=60)    # relay rows older than this are pruned by their node
+HOUSEKEEPING_INTERVAL = 2.0       # seconds between remote-node checks and prunes
+RELAY_MAX_BATCH = 1000
+OFFLINE_QUEUE_LIMIT = 10_000      # QoS 1/2 messages kept for a disconnected persistent session
+
+
+@lru_cache(maxsize=None)
+def mqtt_queries() -> dict[str, str]:
+    """Named queries of sql/mqtt_queries.sql (same `-- name: x` format as sql/queries.sql)."""
+    parts = db._NAME.split(db.read_sql("mqtt_queries.sql"))
+    return {name: body.strip().rstrip(";") for name, body in zip(parts[1::2], parts[2::2])}
+
+
+# --------------------------------------------------------------------------------------------
+# Messages
+# --------------------------------------------------------------------------------------------
+
+@dataclass(slots=True)
+class Message:
+    """An application message on its way to subscribers.
+
+    props holds the MQTT 5 properties forwarded unchanged (§3.3.2.3): content_type,
+    response_topic, correlation_data (bytes), payload_format_indicator, user_properties (list of
+    pairs). expires_at is wall-clock unix time (nodes share it), None = never.
+    """
+
+    topic: str
+    payload: bytes
+    qos: int
+    retain: bool = False
+    props: dict[str, Any] = field(default_factory=dict)
+    expires_at: float | None = None
+    origin: str | None = None         # publisher's client id (no-local)
+
+    def expired(self, now: float | None = None) -> bool:
+        return self.expires_at is not None and (now or time.time()) >= self.expires_at
+
+
+def props_to_json(props: dict[str, Any]) -> str | None:
+    if not props:
+        return None
+    out = dict(props)
+    if out.get("correlation_data") is not None:
+        out["correlation_data"] = base64.b64encode(out["correlation_data"]).decode("ascii")
+    return json.dumps(out, separators=(",", ":"))
+
+
+def props_from_json(text: str | None) -> dict[str, Any]:
+    if not text:
+        return {}
+    out = json.loads(text)
+    if out.get("correlation_data") is not None:
+        out["correlation_data"] = base64.b64decode(out["correlation_data"])
+    if "user_properties" in out:
+        out["user_properties"] = [tuple(p) for p in out["user_properties"]]
+    return out
+
+
+def _ts(value: float | None) -> datetime | None:
+    return datetime.fromtimestamp(value, timezone.utc) if value is not None else None
+
+
+def _unix(value: datetime | None) -> float | None:
+    return value.timestamp() if value is not None else None
+
+
+_LIKE_SPECIAL = re.compile(r"([\\%_])")
+
+
+def retained_like_pattern(topic_filter: str) -> str:
+    """LIKE pattern selecting the topics a filter can match: its literal leading levels."""
+    literal = []
+    for level in topic_filter.split("/"):
+        if level in ("+", "#"):
+            break
+        literal.append(level)
+    else:
+        return _LIKE_SPECIAL.sub(r"\\\1", topic_filter)       # no wildcard: exact topic
+    prefix = "/".join(literal)
+    if literal:
+        prefix += "/"
+    pattern = _LIKE_SPECIAL.sub(r"\\\1", prefix) + "%"
+    if topic_filter.endswith("/#") and literal and len(literal) == len(topic_filter.split("/")) - 1:
+        # `a/#` also matches `a` itself: widen to `a%` (the Python match sorts out the rest).
+        pattern = _LIKE_SPECIAL.sub(r"\\\1", "/".join(literal)) + "%"
+    return pattern
+
+
+# --------------------------------------------------------------------------------------------
+# Subscriptions
+# --------------------------------------------------------------------------------------------
+
+@dataclass(slots=True)
+class SubOptions:
+    """One plain subscription of a session (the v5 subscription options, §3.8.3.1)."""
+
+    topic_filter: str            # as subscribed, including any $share/<group>/ prefix
+    qos: int
+    no_local: bool = False
+    retain_as_published: bool = False
+    retain_handling: int = 0
+    subscription_id: int | None = None
+    share: str | None = None     # shared subscription group
+    inner: str = ""              # the filter without $share/<group>/
+
+
+class Router:
+    def __init__(self, manager: Any):
+        self.manager = manager
+        self.node_id: int = manager.node_id
+        self.tree: TopicTree[tuple] = TopicTree()
+        self.sessions: dict[str, Session] = {}
+        # (share, inner filter) -> client ids of members, in join order; round robin position
+        self.shared: dict[tuple[str, str], list[str]] = {}
+        self._rr: dict[tuple[str, str], int] = {}
+        self.remote_nodes = 0
+        self._writes: deque[tuple[str, Message, asyncio.Future | None]] = deque()
+        self._write_wake = asyncio.Event()
+        self._incoming: asyncio.Queue[str | None] = asyncio.Queue()
+        self._tasks: list[asyncio.Task] = []
+        self._listener: db.Listener | None = None
+        self.closing = False
+        # statistics
+        self.relayed_out = 0
+        self.relayed_in = 0
+
+    # --- life cycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self._refresh_nodes()
+        self._listener = db.Listener(self.manager.dsn, {RELAY_CHANNEL: self._on_notify})
+        await self._listener.start()
+        self._tasks = [
+            asyncio.create_task(self._writer(), name="fluxpg-mqtt-relay-writer"),
+            asyncio.create_task(self._reader(), name="fluxpg-mqtt-relay-reader"),
+            asyncio.create_task(self._housekeeping(), name="fluxpg-mqtt-housekeeping"),
+        ]
+
+    async def close(self) -> None:
+        self.closing = True
+        # Let the writer finish what publishers were promised.
+        self._write_wake.set()
+        for sess in list(self.sessions.values()):
+            sess.cancel_timers()
+        deadline = time.monotonic() + 5
+        while self._writes and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001
+                pass
+        for _kind, _msg, fut in self._writes:
+            if fut is not None and not fut.done():
+                fut.set_exception(ConnectionError("broker shutting down"))
+        self._writes.clear()
+        if self._listener is not None:
+            await self._listener.close()
+
+    async def _refresh_nodes(self) -> None:
+        timeout = self.manager.qm.heartbeat_timeout
+        self.remote_nodes = await self.manager.pool.fetchval(mqtt_queries()["remote_nodes"], self.node_id, timeout)
+
+    async def _housekeeping(self) -> None:
+        q = mqtt_queries()
+        while True:
+            await asyncio.sleep(HOUSEKEEPING_INTERVAL)
+            try:
+                await self._refresh_nodes()
+                await self.manager.pool.execute(q["relay_prune"], self.node_id, RELAY_KEEP)
+                await self.manager.pool.execute(q["retained_prune"])
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the next round retries
+                log.warning("MQTT housekeeping failed: %s", exc)
+
+    # --- subscriptions ------------------------------------------------------------------------
+
+    def add_subscription(self, sess: Session, opts: SubOptions) -> bool:
+        """Register (or replace) a subscription; True if it is new for the session."""
+        existed = opts.topic_filter in sess.subs
+        if existed:
+            self.remove_subscription(sess, opts.topic_filter)
+        sess.subs[opts.topic_filter] = opts
+        if opts.share is not None:
+            key = (opts.share, opts.inner)
+            members = self.shared.setdefault(key, [])
+            if not members:
+                self.tree.add(opts.inner, ("s", opts.share, opts.inner))
+            if sess.client_id not in members:
+                members.append(sess.client_id)
+        else:
+            self.tree.add(opts.inner, ("c", sess.client_id, opts.topic_filter))
+        return not existed
+
+    def remove_subscription(self, sess: Session, topic_filter: str) -> bool:
+        opts = sess.subs.pop(topic_filter, None)
+        if opts is None:
+            return False
+        if opts.share is not None:
+            key = (opts.share, opts.inner)
+            members = self.shared.get(key, [])
+            if sess.client_id in members:
+                members.remove(sess.client_id)
+            if not members:
+                self.shared.pop(key, None)
+                self._rr.pop(key, None)
+                self.tree.remove(opts.inner, ("s", opts.share, opts.inner))
+        else:
+            self.tree.remove(opts.inner, ("c", sess.client_id, opts.topic_filter))
+        return True
+
+    def drop_session(self, sess: Session) -> None:
+        for f in list(sess.subs):
+            self.remove_subscription(sess, f)
+        if self.sessions.get(sess.client_id) is sess:
+            del self.sessions[sess.client_id]
+
+    # --- publish ------------------------------------------------------------------------------
+
+    def publish(self, msg: Message) -> asyncio.Future | None:
+        """Deliver on this node now; store retained / relay to other nodes in the background.
+
+        Returns a future that resolves when what the publisher must wait for (retained store,
+        relay to other nodes) has committed, or None when nothing needs the database.
+        """
+        self.route(msg)
+        fut: asyncio.Future | None = None
+        if msg.retain:
+            fut = asyncio.get_running_loop().create_future()
+            self._writes.append(("retain", msg, fut))
+            self._write_wake.set()
+        if self.remote_nodes:
+            rfut = asyncio.get_running_loop().create_future()
+            self._writes.append(("relay", msg, rfut))
+            self._write_wake.set()
+            fut = rfut  # the writer handles items in order: the later future covers both
+        return fut
+
+    def route(self, msg: Message) -> int:
+        """Hand msg to every matching local session; returns how many got it."""
+        matches = self.tree.match(msg.topic)
+        if not matches:
+            return 0
+        now = time.time()
+        if msg.expired(now):
+            return 0
+        per_session: dict[str, list[SubOptions]] = {}
+        delivered = 0
+        for value in matches:
+            if value[0] == "c":
+                _, cid, filt = value
+                sess = self.sessions.get(cid)
+                if sess is None:
+                    continue
+                opts = sess.subs.get(filt)
+                if opts is None or (opts.no_local and msg.origin == cid):
+                    continue
+                per_session.setdefault(cid, []).append(opts)
+            else:
+                # Shared: one member of the group gets it, as its own delivery (§4.8.2).
+                _, share, inner = value
+                target = self._pick_shared((share, inner))
+                opts = target.subs.get(f"$share/{share}/{inner}") if target is not None else None
+                if opts is not None:
+                    target.deliver_plain(msg, [opts])
+                    delivered += 1
+        for cid, opts_list in per_session.items():
+            # Overlapping subscriptions of one session: one copy, highest QoS, every identifier.
+            self.sessions[cid].deliver_plain(msg, opts_list)
+            delivered += 1
+        return delivered
+
+    def _pick_shared(self, key: tuple[str, str]) -> Session | None:
+        """Round robin over the group's members, preferring connected sessions."""
+        members = self.shared.get(key)
+        if not members:
+            return None
+        n = len(members)
+        start = self._rr.get(key, 0) % n
+        fallback = None
+        for i in range(n):
+            sess = self.sessions.get(members[(start + i) % n])
+            if sess is None:
+                continue
+            if sess.conn is not None and sess.conn.can_send():
+                self._rr[key] = (start + i + 1) % n
+                return sess
+            if fallback is None:
+                fallback = sess
+        self._rr[key] = (start + 1) % n
+        return fallback
+
+    # --- retained -----------------------------------------------------------------------------
+
+    async def retained(self, topic_filter: str) -> list[Message]:
+        rows = await self.manager.pool.fetch(mqtt_queries()["retained_prefix"],
+                                             retained_like_pattern(topic_filter))
+        out = []
+        for r in rows:
+            if topic_matches(topic_filter, r["topic"]):
+                out.append(Message(r["topic"], bytes(r["payload"]), r["qos"], True,
+                                   props_from_json(r["props"]), _unix(r["expires_at"])))
+        return out
+
+    # --- the relay writer (retained store + cross-node relay), one batch at a time ------------
+
+    async def _writer(self) -> None:
+        q = mqtt_queries()
+        while True:
+            await self._write_wake.wait()
+            self._write_wake.clear()
+            while self._writes:
+                batch = []
+                while self._writes and len(batch) < RELAY_MAX_BATCH:
+                    batch.append(self._writes.popleft())
+                try:
+                    await self._write_batch(q, batch)
+                except asyncio.CancelledError:
+                    for _k, _m, fut in batch:
+                        if fut is not None and not fut.done():
+                            fut.set_exception(ConnectionError("broker shutting down"))
+                    raise
+                except Exception as exc:  # noqa: BLE001 - publishers are told
+                    log.warning("MQTT relay/retained write failed: %s", exc)
+                    for _k, _m, fut in batch:
+                        if fut is not None and not fut.done():
+                            fut.set_exception(exc)
+                    continue
+                for _k, _m, fut in batch:
+                    if fut is not None and not fut.done():
+                        fut.set_result(None)
+
+    async def _write_batch(self, q: dict[str, str], batch: list) -> None:
+        async with self.manager.pool.acquire() as conn:
+            async with conn.transaction():
+                relay = []
+                for kind, msg, _fut in batch:
+                    if kind == "retain":
+                        if msg.payload:
+                            await conn.execute(q["retain_set"], msg.topic, msg.payload, msg.qos,
+                                               props_to_json(msg.props), _ts(msg.expires_at), self.node_id)
+                        else:
+                            await conn.execute(q["retain_clear"], msg.topic)
+                    else:
+                        relay.append(msg)
+                if relay:
+                    await conn.execute(
+                        q["relay_insert"], self.node_id,
+                        [m.origin for m in relay], [m.topic for m in relay], [m.payload for m in relay],
+                        [m.qos for m in relay], [m.retain for m in relay],
+                        [props_to_json(m.props) for m in relay], [_ts(m.expires_at) for m in relay])
+                    self.relayed_out += len(relay)
+
+    # --- the relay reader ---------------------------------------------------------------------
+
+    def _on_notify(self, payload: str | None) -> None:
+        if payload is not None:
+            self._incoming.put_nowait(payload)
+
+    async def _reader(self) -> None:
+        sql = mqtt_queries()["relay_range"]
+        while True:
+            payload = await self._incoming.get()
+            try:
+                node, first, last = (int(x) for x in payload.split(":"))
+            except ValueError:
+                log.warning("ignoring malformed %s notification %r", RELAY_CHANNEL, payload)
+                continue
+            if node == self.node_id:
+                continue
+            if not self.remote_nodes:
+                self.remote_nodes = 1   # somebody else is alive: relay to it from now on
+            try:
+                rows = await self.manager.pool.fetch(sql, first, last, node)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001
+                log.warning("reading relayed MQTT messages %s failed: %s", payload, exc)
+                continue
+            for r in rows:
+                self.relayed_in += 1
+                self.route(Message(r["topic"], bytes(r["payload"]), r["qos"], r["retain"],
+                                   props_from_json(r["props"]), _unix(r["expires_at"]), r["origin"]))
+
+
+def make_sub_options(topic_filter: str, qos: int, no_local: bool, rap: bool, rh: int,
+                     sid: int | None) -> SubOptions:
+    """Parse a plain (non-$queue/) filter; raises InvalidArgument for a bad one."""
+    share, inner = parse_shared(topic_filter)
+    return SubOptions(topic_filter, qos, no_local, rap, rh, sid, share, inner)
+
+
+__all__ = ["Router", "Message", "SubOptions", "make_sub_options", "mqtt_queries", "retained_like_pattern"]

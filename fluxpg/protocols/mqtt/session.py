@@ -1,0 +1,1113 @@
+"""The MQTT 3.1.1 / 5.0 connection handler: drives the sans-I/O codec from asyncio.
+
+`handle(reader, writer, initial, ctx)` serves one TCP connection (the listener sniffed a CONNECT).
+
+Ordering. One ordered pipeline per connection (FACTS.md): the read loop decodes packets in
+order and starts each publish at once -- queue appends are handed to the engine's appender in
+arrival order, which commits them in that order -- then puts "await this, then answer that" items
+on a queue that one task works through in order. So several publishes are in flight together
+(group commit), yet PUBACK/PUBREC go out in publish order and only after the commit. SUBSCRIBE and
+UNSUBSCRIBE are pipeline items too, so a SUBSCRIBE sees the retained message the same client
+published just before it.
+
+Queues (`$queue/<q>/…`, DESIGN §4):
+* PUBLISH → QueueManager.publish; a failed append is answered with a v5 reason code (0x97 quota
+  exceeded for a full queue or a message above the queue's max_message_size -- 0x95 is not a valid
+  PUBACK code, §3.4.2.1 --, 0x90 invalid topic, 0x83 wrong queue kind, 0x80 otherwise). A 3.1.1
+  client cannot be told, so its connection is closed instead of lying with a PUBACK.
+* PUBLISH to `$queue/<q>/[…/]$ack|$nack|$reject` with user properties message-id and group-id
+  (optional `reason`, `x-stream-partition`) acks/nacks/rejects; `$commit` with group-id and
+  x-offset commits a stream (offset = last processed). Unknown ids are answered with success (a
+  documented no-op, as FluxMQ); a missing or malformed message-id gets PUBACK 0x83
+  implementation-specific error with a reason string (it is a bad property, not a bad payload, so
+  not 0x99). 3.1.1 cannot carry properties: such an ack closes a 3.1.1 connection.
+* SUBSCRIBE `$queue/<q>[/<filter>]`: group = v5 user property consumer-group, else the client id
+  (v5) or the client-id prefix before the first `-` (3.1.1); stream start from user property
+  x-stream-offset. A QoS 0 subscription to a classic queue is refused with SUBACK 0x80
+  (unspecified error, with a reason string): 0x9B is not a valid SUBACK code and 0x9E would claim
+  shared subscriptions are unsupported. Deliveries carry Delivery.properties() as user properties.
+* The engine subscription's credit is the in-flight window: a delivery takes one, PUBACK (QoS 1)
+  or PUBCOMP (QoS 2) gives it back, so at most `receive maximum` deliveries are unacknowledged.
+  A 3.1.1 subscriber's PUBACK (PUBREC for QoS 2) also acknowledges the message in its group.
+
+Bad input: a malformed packet, a protocol violation or a packet above the advertised maximum
+packet size ends the connection -- v5 with DISCONNECT and the reason code, 3.1.1 by closing.
+Nothing of it reaches other connections.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import math
+import secrets
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from fluxpg.queues.types import (Delivery, FluxError, InvalidArgument, PayloadTooLarge, QueueFull, UnknownQueue,
+                                 WrongQueueKind, parse_message_id)
+from fluxpg.topics import ack_verb, is_queue_topic, parse_queue_topic, split_queue_subscription
+
+from .codec import (MQTT_5, Auth, Connack, Connect, Decoder, Disconnect, MQTTError, Pingreq, Pingresp,
+                    Properties, ProtocolError, Puback, Pubcomp, Publish, Pubrec, Pubrel, Suback, Subscribe,
+                    Unsuback, Unsubscribe, UnsupportedProtocolVersion, encode)
+from .reasons import CONNACK_CODES, DISCONNECT_CODES, ReasonCode
+from .router import OFFLINE_QUEUE_LIMIT, Message, Router, make_sub_options
+
+log = logging.getLogger("fluxpg.mqtt")
+
+RC = ReasonCode
+SESSION_NEVER_EXPIRES = 0xFFFFFFFF
+_FORWARDED = ("content_type", "response_topic", "correlation_data", "payload_format_indicator")
+
+
+@dataclass
+class MqttOptions:
+    """Limits of the MQTT front-end. Put an instance in ctx.state["mqtt.options"] before the first
+    MQTT connection to change them (tests do)."""
+
+    max_packet_size: int = 16 * 1024 * 1024 + 1024   # advertised in CONNACK; above the queues' 10 MiB
+    receive_maximum: int = 1024       # inbound QoS 1/2 publishes a v5 client may have unanswered
+    topic_alias_maximum: int = 256    # inbound topic aliases per v5 connection
+    v3_inflight: int = 64             # outbound window for 3.1.1 clients (no receive maximum there)
+    queue_credit_cap: int = 256       # claim-ahead cap per queue subscription
+    connect_timeout: float = 10.0
+    pipeline_depth: int = 1024        # answers waiting for the database before reading pauses
+    max_write_buffer: int = 16 * 1024 * 1024   # QoS 0 messages are dropped above this backlog
+
+
+async def get_router(ctx: Any) -> Router:
+    router = ctx.state.get("mqtt.router")
+    if router is not None:
+        return router
+    lock = ctx.state.setdefault("mqtt.lock", asyncio.Lock())
+    async with lock:
+        router = ctx.state.get("mqtt.router")
+        if router is None:
+            router = Router(ctx.manager)
+            await router.start()
+            ctx.state["mqtt.router"] = router
+            ctx.state.setdefault("closers", []).append(router.close)
+    return router
+
+
+# --------------------------------------------------------------------------------------------
+# Session state (survives the connection when the session is persistent)
+# --------------------------------------------------------------------------------------------
+
+@dataclass(slots=True)
+class Outgoing:
+    msg: Message
+    qos: int
+    retain: bool
+    sub_ids: list[int]
+    qref: tuple[QueueSub, Delivery] | None = None
+    pid: int = 0
+    released: bool = False    # QoS 2: PUBREC received, PUBREL sent
+
+
+class QueueSub:
+    """A `$queue/` subscription of a session: the spec (kept across reconnects of a persistent
+    session) and, while connected, the engine Subscription delivering into the session."""
+
+    def __init__(self, session: Session, topic_filter: str, queue: str, filt: str | None, group: str,
+                 qos: int, position: str | None, sub_id: int | None):
+        self.session = session
+        self.topic_filter = topic_filter
+        self.queue = queue
+        self.filter = filt
+        self.group = group
+        self.qos = qos
+        self.position = position
+        self.sub_id = sub_id
+        self.engine: Any = None
+
+    async def open(self, manager: Any, credit: int) -> None:
+        self.engine = await manager.subscribe(self.queue, self.group, self.session.client_id,
+                                              on_delivery=self.on_delivery, filter=self.filter,
+                                              position=self.position, credit=credit, on_error=self.on_error)
+        # A resumed persistent session continues from the group's checkpoint, not the old position.
+        self.position = None
+
+    async def close(self) -> None:
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            await engine.close()
+
+    def on_delivery(self, d: Delivery) -> None:
+        sess = self.session
+        if sess.conn is None or self.engine is None:
+            return  # classic: stays pending and comes back (reclaim / visibility timeout)
+        msg = Message(d.topic, d.payload, self.qos, False, delivery_props(d))
+        out = Outgoing(msg, self.qos, False, [self.sub_id] if self.sub_id else [], qref=(self, d))
+        sess.enqueue(out)
+        if self.qos == 0:
+            self.engine.grant(1)   # nothing will acknowledge it
+
+    def on_error(self, exc: FluxError) -> None:
+        log.warning("MQTT %s: queue subscription %s ended: %s", self.session.client_id, self.topic_filter, exc)
+        self.engine = None
+
+
+def delivery_props(d: Delivery) -> dict[str, Any]:
+    """A queue delivery's headers and DESIGN §4 properties as MQTT 5 properties."""
+    props: dict[str, Any] = {}
+    users: list[tuple[str, str]] = []
+    dprops = d.properties()
+    for key, value in (d.headers or {}).items():
+        if key == "content-type":
+            props["content_type"] = str(value)
+        elif key == "response-topic":
+            props["response_topic"] = str(value)
+        elif key == "correlation-data":
+            props["correlation_data"] = str(value).encode("utf-8")
+        elif key not in dprops:
+            users.append((str(key), value if isinstance(value, str) else json.dumps(value, default=str)))
+    users.extend(dprops.items())
+    props["user_properties"] = users
+    return props
+
+
+class Session:
+    def __init__(self, router: Router, client_id: str):
+        self.router = router
+        self.client_id = client_id
+        self.subs: dict = {}                       # topic filter → SubOptions (router's index)
+        self.queue_subs: dict[str, QueueSub] = {}
+        self.inflight: dict[int, Outgoing] = {}    # insertion order = send order (resend order)
+        self.outbox: deque[Outgoing] = deque()
+        self.inbound_qos2: set[int] = set()
+        self.conn: Connection | None = None
+        self.expiry_interval = 0
+        self._pids = itertools.cycle(range(1, 0x10000))
+        self.pending_will: tuple[Any, Message] | None = None
+        self._will_timer: asyncio.TimerHandle | None = None
+        self._expiry_timer: asyncio.TimerHandle | None = None
+        self.dropped = 0
+
+    # --- outbound flow ------------------------------------------------------------------------
+
+    def deliver_plain(self, msg: Message, opts_list: list) -> None:
+        qos = min(msg.qos, max(o.qos for o in opts_list))
+        retain = msg.retain and any(o.retain_as_published for o in opts_list)
+        sids = [o.subscription_id for o in opts_list if o.subscription_id]
+        self.enqueue(Outgoing(msg, qos, retain, sids))
+
+    def enqueue(self, out: Outgoing) -> None:
+        conn = self.conn
+        if out.qos == 0:
+            if conn is not None:
+                conn.send_publish(out)
+            return
+        if conn is None:
+            if out.qref is not None:
+                return
+            if len(self.outbox) >= OFFLINE_QUEUE_LIMIT:
+                self.outbox.popleft()
+                self.dropped += 1
+            self.outbox.append(out)
+            return
+        if not self.outbox and len(self.inflight) < conn.send_quota:
+            self._send_new(out)
+        else:
+            self.outbox.append(out)
+
+    def _alloc_pid(self) -> int:
+        for _ in range(0xFFFF):
+            pid = next(self._pids)
+            if pid not in self.inflight:
+                return pid
+        raise RuntimeError("no free packet identifier")  # cannot happen: the window is ≤ 65535
+
+    def _send_new(self, out: Outgoing) -> None:
+        out.pid = self._alloc_pid()
+        self.inflight[out.pid] = out
+        if not self.conn.send_publish(out):
+            # Expired or too large for the client: treated as delivered (§3.1.2.25).
+            self.inflight.pop(out.pid, None)
+            self.completed(out)
+
+    def pump(self) -> None:
+        conn = self.conn
+        while conn is not None and self.outbox and len(self.inflight) < conn.send_quota:
+            self._send_new(self.outbox.popleft())
+
+    def completed(self, out: Outgoing) -> None:
+        """An outbound QoS 1/2 message is done: give the queue subscription its credit back."""
+        if out.qref is not None:
+            qsub = out.qref[0]
+            if qsub.engine is not None:
+                qsub.engine.grant(1)
+
+    # --- timers -------------------------------------------------------------------------------
+
+    def cancel_timers(self) -> None:
+        for timer in (self._will_timer, self._expiry_timer):
+            if timer is not None:
+                timer.cancel()
+        self._will_timer = self._expiry_timer = None
+
+    def schedule_will(self, conn: Connection, will: Message, delay: int) -> None:
+        self.pending_will = (conn, will)
+        self._will_timer = asyncio.get_running_loop().call_later(delay, self.fire_will)
+
+    def fire_will(self) -> None:
+        pending, self.pending_will = self.pending_will, None
+        if self._will_timer is not None:
+            self._will_timer.cancel()
+            self._will_timer = None
+        if pending is not None:
+            conn, will = pending
+            conn.publish_will(will)
+
+    def schedule_expiry(self) -> None:
+        if self.expiry_interval >= SESSION_NEVER_EXPIRES:
+            return
+        self._expiry_timer = asyncio.get_running_loop().call_later(self.expiry_interval, self.end)
+
+    def end(self) -> None:
+        """The session is over (expired, or replaced by a clean start): will, then forget it."""
+        self.fire_will()
+        self.cancel_timers()
+        self.router.drop_session(self)
+        self.outbox.clear()
+        self.inflight.clear()
+
+
+# --------------------------------------------------------------------------------------------
+# The connection
+# --------------------------------------------------------------------------------------------
+
+class _Close(Exception):
+    """End the connection; v5 clients get a DISCONNECT with `reason` first."""
+
+    def __init__(self, reason: ReasonCode | None, message: str = ""):
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(slots=True)
+class _Item:
+    awaitable: Any                       # future/task to wait for, or None
+    answer: Any                          # callable(result, exc) → packet | None (may raise _Close)
+    run: Any = None                      # coroutine function run in order instead (SUBSCRIBE)
+
+
+class Connection:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ctx: Any, router: Router,
+                 options: MqttOptions):
+        self.reader = reader
+        self.writer = writer
+        self.transport = writer.transport
+        self.ctx = ctx
+        self.manager = ctx.manager
+        self.router = router
+        self.opt = options
+        self.decoder = Decoder(max_packet_size=options.max_packet_size)
+        self.version = 4
+        self.client_id = ""
+        self.session: Session | None = None
+        self.principal: Any = None
+        self.peer = _peer(writer)
+        self.keep_alive = 0
+        self.send_quota = options.v3_inflight
+        self.client_max_packet = 0
+        self.client_alias_max = 0
+        self.out_aliases: dict[str, int] = {}
+        self.in_aliases: dict[int, str] = {}
+        self.inbound_unacked = 0
+        self.will: Message | None = None
+        self.will_delay = 0
+        self.default_group = ""
+        self.closing = False
+        self.end_reason = "eof"         # eof | normal | will | error | takeover | keepalive
+        self.last_rx = 0.0
+        self.closed = asyncio.Event()
+        self._pipeline: asyncio.Queue[_Item] = asyncio.Queue(maxsize=options.pipeline_depth)
+        self._tasks: list[asyncio.Task] = []
+
+    @property
+    def v5(self) -> bool:
+        return self.version == MQTT_5
+
+    # --- output -------------------------------------------------------------------------------
+
+    def write(self, packet: Any) -> None:
+        if self.closing:
+            return
+        self.writer.write(encode(packet, self.version))
+
+    def can_send(self) -> bool:
+        return not self.closing
+
+    def send_publish(self, out: Outgoing) -> bool:
+        """Write one PUBLISH; False when it must not be sent (expired, too large for the client)."""
+        if self.closing:
+            return True     # stays in flight; resent on the next connection of the session
+        msg = out.msg
+        if out.qos == 0 and self.transport.get_write_buffer_size() > self.opt.max_write_buffer:
+            return False    # a QoS 0 message may be dropped (§4.3.1); the client is not reading
+        topic = msg.topic
+        props = None
+        new_alias = None
+        if self.v5:
+            props = Properties()
+            for name in _FORWARDED:
+                value = msg.props.get(name)
+                if value is not None:
+                    setattr(props, name, value)
+            ups = msg.props.get("user_properties")
+            if ups:
+                props.user_properties = list(ups)
+            if msg.expires_at is not None:
+                remaining = msg.expires_at - time.time()
+                if remaining <= 0:
+                    return False
+                props.message_expiry_interval = math.ceil(remaining)
+            if out.sub_ids:
+                props.subscription_identifiers = list(out.sub_ids)
+            if self.client_alias_max:
+                alias = self.out_aliases.get(topic)
+                if alias is not None:
+                    props.topic_alias = alias
+                    topic = ""
+                elif len(self.out_aliases) < self.client_alias_max:
+                    new_alias = len(self.out_aliases) + 1
+                    props.topic_alias = new_alias
+        pkt = Publish(topic, msg.payload, out.qos, out.retain, False, out.pid or None, props or Properties())
+        data = encode(pkt, self.version)
+        if self.client_max_packet and len(data) > self.client_max_packet:
+            log.info("MQTT %s: dropping a %d-byte message on %s above the client's maximum packet size",
+                     self.client_id, len(data), msg.topic)
+            return False
+        if new_alias is not None:
+            self.out_aliases[msg.topic] = new_alias
+        self.writer.write(data)
+        return True
+
+    def resend(self, out: Outgoing) -> None:
+        """After a reconnect: PUBLISH again with DUP, or PUBREL for a QoS 2 message past PUBREC."""
+        if out.released:
+            self.write(Pubrel(out.pid))
+            return
+        msg = out.msg
+        props = Properties()
+        if self.v5:
+            for name in _FORWARDED:
+                if msg.props.get(name) is not None:
+                    setattr(props, name, msg.props[name])
+            if msg.props.get("user_properties"):
+                props.user_properties = list(msg.props["user_properties"])
+            if out.sub_ids:
+                props.subscription_identifiers = list(out.sub_ids)
+            if msg.expires_at is not None:
+                props.message_expiry_interval = max(1, math.ceil(msg.expires_at - time.time()))
+        self.write(Publish(msg.topic, msg.payload, out.qos, out.retain, True, out.pid, props))
+
+    # --- life cycle ---------------------------------------------------------------------------
+
+    async def run(self, initial: bytes) -> None:
+        try:
+            connect = await self._read_connect(initial)
+            if connect is None or not await self._accept(connect):
+                return
+            self._tasks.append(asyncio.create_task(self._run_pipeline(), name=f"mqtt-pipeline-{self.client_id}"))
+            if self.keep_alive:
+                self._tasks.append(asyncio.create_task(self._watch_keep_alive(), name=f"mqtt-ka-{self.client_id}"))
+            await self._read_loop()
+        except _Close as exc:
+            self._shutdown(exc.reason, str(exc))
+        except MQTTError as exc:
+            log.info("MQTT %s from %s: %s", self.client_id or "?", self.peer, exc)
+            self._shutdown(_disconnect_code(exc.reason_code), str(exc))
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            await self._cleanup()
+
+    def _shutdown(self, reason: ReasonCode | None, message: str = "", end: str = "error") -> None:
+        """Stop the connection from anywhere: DISCONNECT (v5, when a reason is given), then close."""
+        if self.closing:
+            return
+        if self.end_reason not in ("normal", "will"):
+            self.end_reason = end
+        if reason is not None and self.v5 and self.session is not None:
+            props = Properties(reason_string=message[:200]) if message else Properties()
+            try:
+                self.writer.write(encode(Disconnect(reason, props), MQTT_5))
+            except Exception:  # noqa: BLE001
+                pass
+        self.closing = True
+        try:
+            self.writer.close()
+        except Exception:  # noqa: BLE001
+            pass
+        # A client that stopped reading must not keep us waiting for the flush.
+        asyncio.get_running_loop().call_later(2.0, self.transport.abort)
+        # Wake the read loop if it is waiting on the socket.
+        self.reader.feed_eof()
+
+    async def takeover(self) -> None:
+        """Another connection with our client id arrived: step aside (v5: DISCONNECT 0x8E)."""
+        self._shutdown(RC.SESSION_TAKEN_OVER, "session taken over", end="takeover")
+        try:
+            await asyncio.wait_for(self.closed.wait(), 5)
+        except asyncio.TimeoutError:
+            log.warning("MQTT %s: previous connection did not close in time", self.client_id)
+
+    async def _cleanup(self) -> None:
+        try:
+            for task in self._tasks:
+                task.cancel()
+            for task in self._tasks:
+                try:
+                    await task
+                except (asyncio.CancelledError, Exception):  # noqa: BLE001
+                    pass
+            sess = self.session
+            if sess is not None and sess.conn is self:
+                await self._detach(sess)
+        finally:
+            self.closing = True
+            self.closed.set()
+
+    async def _detach(self, sess: Session) -> None:
+        sess.conn = None
+        for qsub in list(sess.queue_subs.values()):
+            try:
+                await qsub.close()
+            except Exception:  # noqa: BLE001
+                log.exception("closing queue subscription %s", qsub.topic_filter)
+        # Queue deliveries are not kept: the engine has them pending and delivers them again.
+        for pid in [pid for pid, out in sess.inflight.items() if out.qref is not None]:
+            del sess.inflight[pid]
+        if any(out.qref is not None for out in sess.outbox):
+            sess.outbox = deque(o for o in sess.outbox if o.qref is None)
+        if self.router.closing:
+            return
+        will = self.will if self.end_reason not in ("normal",) else None
+        if sess.expiry_interval == 0:
+            if will is not None:
+                self.publish_will(will)
+            sess.end()
+            return
+        if will is not None:
+            delay = min(self.will_delay, sess.expiry_interval)
+            if delay <= 0:
+                self.publish_will(will)
+            else:
+                sess.schedule_will(self, will, delay)
+        sess.schedule_expiry()
+
+    def publish_will(self, will: Message) -> None:
+        if self.router.closing:
+            return
+        log.info("MQTT %s: publishing will on %s", self.client_id, will.topic)
+        if is_queue_topic(will.topic):
+            task = asyncio.ensure_future(self.manager.publish(will.topic, will.payload, _headers(will.props)))
+            task.add_done_callback(_log_failure)
+            return
+        fut = self.router.publish(will)
+        if fut is not None:
+            fut.add_done_callback(_log_failure)
+
+    # --- CONNECT ------------------------------------------------------------------------------
+
+    async def _read_connect(self, initial: bytes) -> Connect | None:
+        self.decoder.feed(initial)
+        deadline = asyncio.get_running_loop().time() + self.opt.connect_timeout
+        while True:
+            try:
+                pkt = self.decoder.next_packet()
+            except UnsupportedProtocolVersion:
+                # A v3.1.1-format CONNACK every client version can read (reasons.py).
+                self.writer.write(encode(Connack(reason_code=RC.UNSUPPORTED_PROTOCOL_VERSION), 4))
+                return None
+            except MQTTError as exc:
+                log.info("MQTT CONNECT from %s refused: %s", self.peer, exc)
+                if self.decoder.version is not None:
+                    self.version = self.decoder.version
+                    if self.v5:
+                        rc = exc.reason_code if exc.reason_code in CONNACK_CODES else RC.UNSPECIFIED_ERROR
+                        self.writer.write(encode(Connack(reason_code=rc), MQTT_5))
+                    elif exc.reason_code == RC.CLIENT_IDENTIFIER_NOT_VALID:
+                        self.writer.write(encode(Connack(reason_code=exc.reason_code), self.version))
+                return None
+            if pkt is not None:
+                return pkt  # the decoder only lets a CONNECT through first
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                return None
+            try:
+                data = await asyncio.wait_for(self.reader.read(65536), remaining)
+            except asyncio.TimeoutError:
+                return None
+            if not data:
+                return None
+            self.decoder.feed(data)
+
+    async def _accept(self, c: Connect) -> bool:
+        self.version = c.protocol_level
+        if self.version == 3:
+            self.version = 4   # 3.1 is read and answered like 3.1.1
+        v5 = self.v5
+        props = c.properties
+        if v5 and props.authentication_method is not None:
+            self._connack_fail(RC.BAD_AUTHENTICATION_METHOD)
+            return False
+        try:
+            self.principal = await self._authenticate(c)
+        except _Close as exc:
+            self._connack_fail(exc.reason)
+            return False
+        assigned = None
+        client_id = c.client_id
+        if not client_id:
+            client_id = assigned = "fluxpg-" + secrets.token_hex(8)
+        self.client_id = client_id
+        self.default_group = client_id if v5 else client_id.split("-", 1)[0]
+        if c.will is not None:
+            w = c.will
+            if not self._allowed("publish", w.topic):
+                self._connack_fail(RC.NOT_AUTHORIZED)
+                return False
+            wprops = w.properties
+            self.will = Message(w.topic, w.payload, w.qos, w.retain, _message_props(wprops) if v5 else {},
+                                _expiry(wprops) if v5 else None, client_id)
+            self.will_delay = (wprops.will_delay_interval or 0) if v5 else 0
+        self.keep_alive = c.keep_alive
+        if v5:
+            self.send_quota = props.receive_maximum or 65535
+            self.client_max_packet = props.maximum_packet_size or 0
+            self.client_alias_max = props.topic_alias_maximum or 0
+            expiry = props.session_expiry_interval or 0
+        else:
+            expiry = 0 if c.clean_start else SESSION_NEVER_EXPIRES
+        # Session: take over a live connection, then resume or start afresh.
+        router = self.router
+        existing = router.sessions.get(client_id)
+        if existing is not None and existing.conn is not None:
+            await existing.conn.takeover()
+            existing = router.sessions.get(client_id)
+        if existing is not None and c.clean_start:
+            existing.end()
+            existing = None
+        present = existing is not None
+        sess = existing or Session(router, client_id)
+        sess.cancel_timers()
+        sess.pending_will = None
+        sess.expiry_interval = expiry
+        router.sessions[client_id] = sess
+        self.session = sess
+        ack_props = Properties()
+        if v5:
+            ack_props.receive_maximum = self.opt.receive_maximum
+            ack_props.maximum_packet_size = self.opt.max_packet_size
+            ack_props.topic_alias_maximum = self.opt.topic_alias_maximum
+            if assigned:
+                ack_props.assigned_client_identifier = assigned
+        self.write(Connack(present, RC.SUCCESS, ack_props))
+        self.last_rx = asyncio.get_running_loop().time()
+        sess.conn = self
+        log.debug("MQTT %s connected (v%s, session %s)", client_id, self.version, "resumed" if present else "new")
+        if present:
+            for out in list(sess.inflight.values()):
+                self.resend(out)
+            sess.pump()
+            for qsub in list(sess.queue_subs.values()):
+                try:
+                    await qsub.open(self.manager, self._queue_credit())
+                except FluxError as exc:
+                    log.warning("MQTT %s: cannot resume %s: %s", client_id, qsub.topic_filter, exc)
+                    sess.queue_subs.pop(qsub.topic_filter, None)
+        return True
+
+    def _connack_fail(self, rc: ReasonCode) -> None:
+        self.writer.write(encode(Connack(False, rc), self.version))
+
+    async def _authenticate(self, c: Connect) -> Any:
+        auth = self.ctx.auth
+        if auth is None:
+            return None
+        from fluxpg.auth import AuthError
+        try:
+            return await auth.authenticate(c.username, c.password, protocol="mqtt", peer=self.peer)
+        except AuthError as exc:
+            log.info("MQTT login of %r from %s refused: %s", c.username, self.peer, exc)
+            code = getattr(exc, "code", None)
+            raise _Close(RC.NOT_AUTHORIZED if code in ("not-authorized", "forbidden")
+                         else RC.BAD_USER_NAME_OR_PASSWORD) from None
+
+    def _allowed(self, action: str, *names: str) -> bool:
+        p = self.principal
+        if p is None:
+            return True
+        return any(p.allowed(action, n) for n in names if n)
+
+    # --- reading ------------------------------------------------------------------------------
+
+    async def _read_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        reader = self.reader
+        decoder = self.decoder
+        while not self.closing:
+            data = await reader.read(65536)
+            if not data or self.closing:
+                return
+            self.last_rx = loop.time()
+            decoder.feed(data)
+            while not self.closing:
+                pkt = decoder.next_packet()
+                if pkt is None:
+                    break
+                handler = self._HANDLERS.get(type(pkt))
+                if handler is None:
+                    raise ProtocolError(f"a client must not send {type(pkt).__name__.upper()}")
+                result = handler(self, pkt)
+                if result is not None:
+                    await result
+            if self.transport.get_write_buffer_size() > 65536:
+                await self.writer.drain()
+
+    async def _watch_keep_alive(self) -> None:
+        loop = asyncio.get_running_loop()
+        limit = self.keep_alive * 1.5        # §3.1.2.10: one and a half times the keep alive
+        while not self.closing:
+            wait = self.last_rx + limit - loop.time()
+            if wait <= 0:
+                log.info("MQTT %s: keep alive of %ss expired", self.client_id, self.keep_alive)
+                self._shutdown(RC.KEEP_ALIVE_TIMEOUT, "keep alive timeout", end="keepalive")
+                return
+            await asyncio.sleep(wait)
+
+    # --- the ordered pipeline -----------------------------------------------------------------
+
+    async def _push(self, awaitable: Any, answer: Any = None, run: Any = None) -> None:
+        await self._pipeline.put(_Item(awaitable, answer, run))
+
+    async def _run_pipeline(self) -> None:
+        queue = self._pipeline
+        while True:
+            item = await queue.get()
+            if self.closing:
+                continue    # keep taking items so a reader blocked on put() can finish
+            try:
+                if item.run is not None:
+                    await item.run()
+                    continue
+                result = exc = None
+                if item.awaitable is not None:
+                    try:
+                        result = await item.awaitable
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception as e:  # noqa: BLE001 - answered below
+                        exc = e
+                packet = item.answer(result, exc) if item.answer is not None else None
+                if packet is not None:
+                    self.write(packet)
+                if queue.empty() and self.transport.get_write_buffer_size() > 65536:
+                    await self.writer.drain()
+            except _Close as c:
+                self._shutdown(c.reason, str(c))
+            except (ConnectionError, asyncio.IncompleteReadError):
+                self._shutdown(None)
+
+    # --- packet handlers ----------------------------------------------------------------------
+
+    def _on_connect(self, p: Connect) -> None:
+        raise ProtocolError("second CONNECT on a connection")
+
+    def _on_pingreq(self, p: Pingreq) -> None:
+        self.write(Pingresp())
+
+    def _on_disconnect(self, p: Disconnect) -> None:
+        if self.v5:
+            # §3.14.4: only a DISCONNECT with 0x00 discards the will.
+            self.end_reason = "normal" if p.reason_code == RC.NORMAL_DISCONNECTION else "will"
+            new_expiry = p.properties.session_expiry_interval
+            if new_expiry is not None and self.session is not None:
+                if self.session.expiry_interval == 0 and new_expiry != 0:
+                    raise ProtocolError("session expiry set on DISCONNECT after CONNECT said 0")
+                self.session.expiry_interval = new_expiry
+        else:
+            self.end_reason = "normal"
+        self.closing = True   # the read loop ends; the client closes the socket
+
+    def _on_auth(self, p: Auth) -> None:
+        raise ProtocolError("AUTH without an authentication method in CONNECT")
+
+    def _on_publish(self, p: Publish):
+        topic = p.topic
+        if self.v5:
+            alias = p.properties.topic_alias
+            if alias is not None:
+                if not 1 <= alias <= self.opt.topic_alias_maximum:
+                    raise _Close(RC.TOPIC_ALIAS_INVALID, f"topic alias {alias} out of range")
+                if topic:
+                    self.in_aliases[alias] = topic
+                else:
+                    topic = self.in_aliases.get(alias)
+                    if topic is None:
+                        raise ProtocolError(f"topic alias {alias} used before it was set")
+        qos = p.qos
+        pid = p.packet_id
+        if qos:
+            if self.v5 and self.inbound_unacked >= self.opt.receive_maximum:
+                raise _Close(RC.RECEIVE_MAXIMUM_EXCEEDED, "receive maximum exceeded")
+            if qos == 2 and pid in self.session.inbound_qos2:
+                # A resend of a QoS 2 message we have: answer again, do not deliver twice.
+                return self._push(None, lambda r, e: Pubrec(pid))
+            self.inbound_unacked += 1
+            if qos == 2:
+                self.session.inbound_qos2.add(pid)
+        if is_queue_topic(topic):
+            verb = None
+            try:
+                verb = ack_verb(topic)
+            except InvalidArgument as exc:
+                return self._refuse(p, RC.TOPIC_NAME_INVALID, str(exc))
+            if verb is not None:
+                return self._on_queue_ack(p, topic, *verb)
+            return self._on_queue_publish(p, topic)
+        if topic.startswith("$"):
+            return self._refuse(p, RC.TOPIC_NAME_INVALID, f"topic {topic!r} is reserved ($-topics)")
+        if not self._allowed("publish", topic):
+            return self._refuse(p, RC.NOT_AUTHORIZED, f"not allowed to publish to {topic!r}")
+        props = p.properties
+        msg = Message(topic, p.payload, qos, p.retain, _message_props(props) if self.v5 else {},
+                      _expiry(props) if self.v5 else None, self.client_id)
+        fut = self.router.publish(msg)
+        if qos == 0:
+            if fut is not None:
+                fut.add_done_callback(_log_failure)
+            return None
+        return self._push(fut, self._answer(p, "pub/sub"))
+
+    def _answer(self, p: Publish, what: str):
+        """The PUBACK/PUBREC for a publish once its awaitable finished (or failed)."""
+        def answer(_result: Any, exc: BaseException | None) -> Any:
+            rc = RC.SUCCESS
+            reason = None
+            if exc is not None:
+                rc, reason = _flux_reason(exc)
+                log.info("MQTT %s: %s publish to %s failed: %s", self.client_id, what, p.topic, exc)
+                if not self.v5:
+                    raise _Close(None, "3.1.1 cannot signal a failed publish")
+            return self._ack_packet(p, rc, reason)
+        return answer
+
+    def _ack_packet(self, p: Publish, rc: ReasonCode, reason: str | None) -> Any:
+        props = Properties(reason_string=reason[:200]) if (reason and self.v5) else Properties()
+        if p.qos == 1:
+            self.inbound_unacked -= 1
+            return Puback(p.packet_id, rc, props)
+        if rc.is_error:
+            # No PUBREL follows a failed PUBREC: the exchange ends here.
+            self.session.inbound_qos2.discard(p.packet_id)
+            self.inbound_unacked -= 1
+        return Pubrec(p.packet_id, rc, props)
+
+    def _refuse(self, p: Publish, rc: ReasonCode, reason: str):
+        """A publish we do not carry out: v5 says why; 3.1.1 cannot, so its connection closes."""
+        log.info("MQTT %s: publish to %r refused: %s", self.client_id, p.topic, reason)
+        if p.qos == 0:
+            return None
+        if not self.v5:
+            raise _Close(None, reason)
+        return self._push(None, lambda r, e: self._ack_packet(p, rc, reason))
+
+    def _on_queue_publish(self, p: Publish, topic: str):
+        try:
+            qt = parse_queue_topic(topic)
+        except InvalidArgument as exc:
+            return self._refuse(p, RC.TOPIC_NAME_INVALID, str(exc))
+        if not self._allowed("publish", qt.queue, topic):
+            return self._refuse(p, RC.NOT_AUTHORIZED, f"not allowed to publish to queue {qt.queue!r}")
+        headers = _headers(_message_props(p.properties)) if self.v5 else None
+        # Started now, in arrival order: the appender commits in the order publishes are handed in.
+        task = asyncio.ensure_future(self.manager.publish(topic, p.payload, headers))
+        if p.qos == 0:
+            task.add_done_callback(_log_failure)
+            return None
+        return self._push(task, self._answer(p, "queue"))
+
+    def _on_queue_ack(self, p: Publish, topic: str, queue: str, verb: str):
+        if not self._allowed("consume", queue, topic):
+            return self._refuse(p, RC.NOT_AUTHORIZED, f"not allowed to consume from queue {queue!r}")
+        up = dict(p.properties.user_properties) if self.v5 else {}
+        group = up.get("group-id") or self.default_group
+        try:
+            partition = int(up.get("x-stream-partition", 0) or 0)
+            if verb == "commit":
+                if "x-offset" not in up:
+                    raise InvalidArgument("$commit needs the user property x-offset")
+                offset = int(up["x-offset"])
+                coro = self.manager.commit(queue, group, offset + 1, partition)
+            else:
+                _, seq = parse_message_id(up.get("message-id", ""))
+                if verb == "ack":
+                    coro = self.manager.ack(queue, group, [seq], partition)
+                elif verb == "nack":
+                    coro = self.manager.nack(queue, group, [seq], partition)
+                else:
+                    coro = self.manager.reject(queue, group, [seq], up.get("reason"), partition)
+        except (InvalidArgument, ValueError) as exc:
+            return self._refuse(p, RC.IMPLEMENTATION_SPECIFIC_ERROR, f"${verb}: {exc}")
+        task = asyncio.ensure_future(coro)
+        if p.qos == 0:
+            task.add_done_callback(_log_failure)
+            return None
+        return self._push(task, self._answer(p, f"${verb}"))
+
+    # -- acknowledgements of our deliveries --
+
+    def _on_puback(self, p: Puback) -> None:
+        sess = self.session
+        out = sess.inflight.pop(p.packet_id, None)
+        if out is None:
+            # Mosquitto does the same: a stale PUBACK (e.g. crossing a resend) is harmless.
+            log.debug("MQTT %s: PUBACK for unknown packet id %d ignored", self.client_id, p.packet_id)
+            return
+        if out.qref is not None and not self.v5:
+            self._ack_delivery(out)
+        sess.completed(out)
+        sess.pump()
+
+    def _on_pubrec(self, p: Pubrec) -> None:
+        sess = self.session
+        out = sess.inflight.get(p.packet_id)
+        if out is None:
+            self.write(Pubrel(p.packet_id, RC.PACKET_IDENTIFIER_NOT_FOUND if self.v5 else RC.SUCCESS))
+            return
+        if p.reason_code.is_error:
+            del sess.inflight[p.packet_id]
+            sess.completed(out)
+            sess.pump()
+            return
+        if not out.released:
+            out.released = True
+            if out.qref is not None and not self.v5:
+                self._ack_delivery(out)
+        self.write(Pubrel(p.packet_id))
+
+    def _on_pubcomp(self, p: Pubcomp) -> None:
+        sess = self.session
+        out = sess.inflight.get(p.packet_id)
+        if out is None or not out.released:
+            log.debug("MQTT %s: PUBCOMP for unknown packet id %d ignored", self.client_id, p.packet_id)
+            return
+        del sess.inflight[p.packet_id]
+        sess.completed(out)
+        sess.pump()
+
+    def _on_pubrel(self, p: Pubrel) -> None:
+        sess = self.session
+        if p.packet_id in sess.inbound_qos2:
+            sess.inbound_qos2.discard(p.packet_id)
+            self.inbound_unacked -= 1
+            self.write(Pubcomp(p.packet_id))
+        else:
+            self.write(Pubcomp(p.packet_id, RC.PACKET_IDENTIFIER_NOT_FOUND if self.v5 else RC.SUCCESS))
+
+    def _ack_delivery(self, out: Outgoing) -> None:
+        """3.1.1: the subscriber's PUBACK acknowledges the queue message (DESIGN §4)."""
+        qsub, d = out.qref
+        task = asyncio.ensure_future(self.manager.ack(d.queue, d.group, [d.seq], d.partition))
+        task.add_done_callback(_log_failure)
+
+    # -- SUBSCRIBE / UNSUBSCRIBE --
+
+    def _on_subscribe(self, p: Subscribe):
+        return self._push(None, None, run=lambda: self._subscribe(p))
+
+    async def _subscribe(self, p: Subscribe) -> None:
+        sess = self.session
+        sid = p.properties.subscription_identifiers[0] if p.properties.subscription_identifiers else None
+        codes: list[ReasonCode] = []
+        reasons: list[str] = []
+        retained: list[tuple[Any, bool]] = []
+        for s in p.subscriptions:
+            if s.topic_filter.startswith("$queue/"):
+                rc, why = await self._subscribe_queue(s, p.properties, sid)
+            else:
+                rc, why = self._subscribe_plain(s, sid, retained)
+            codes.append(rc)
+            if why:
+                reasons.append(f"{s.topic_filter}: {why}")
+        props = Properties(reason_string="; ".join(reasons)[:200]) if (reasons and self.v5) else Properties()
+        self.write(Suback(p.packet_id, codes, props))
+        for opts, _new in retained:
+            try:
+                messages = await self.router.retained(opts.inner)
+            except Exception as exc:  # noqa: BLE001
+                log.warning("MQTT %s: reading retained messages for %s failed: %s", self.client_id, opts.inner, exc)
+                continue
+            for msg in messages:
+                if msg.expired():
+                    continue
+                qos = min(msg.qos, opts.qos)
+                sess.enqueue(Outgoing(msg, qos, True, [opts.subscription_id] if opts.subscription_id else []))
+
+    def _subscribe_plain(self, s: Any, sid: int | None, retained: list) -> tuple[ReasonCode, str]:
+        try:
+            opts = make_sub_options(s.topic_filter, s.qos, s.no_local, s.retain_as_published,
+                                    s.retain_handling, sid)
+        except InvalidArgument as exc:
+            return RC.TOPIC_FILTER_INVALID, str(exc)
+        if not self._allowed("consume", opts.inner, s.topic_filter):
+            return RC.NOT_AUTHORIZED, "not authorized"
+        new = self.router.add_subscription(self.session, opts)
+        if opts.share is None and (opts.retain_handling == 0 or (opts.retain_handling == 1 and new)):
+            retained.append((opts, new))
+        return ReasonCode(s.qos), ""
+
+    async def _subscribe_queue(self, s: Any, props: Properties, sid: int | None) -> tuple[ReasonCode, str]:
+        try:
+            queue, filt = split_queue_subscription(s.topic_filter)
+        except InvalidArgument as exc:
+            return RC.TOPIC_FILTER_INVALID, str(exc)
+        if not self._allowed("consume", queue, s.topic_filter):
+            return RC.NOT_AUTHORIZED, "not authorized"
+        up = dict(props.user_properties)
+        group = up.get("consumer-group") or self.default_group
+        position = up.get("x-stream-offset")
+        info = self.manager.queue_info(queue)
+        if info is None:
+            await self.manager.reload_queues()
+            info = self.manager.queue_info(queue)
+        if info is not None and info.kind == "classic" and s.qos == 0:
+            return RC.UNSPECIFIED_ERROR, "QoS 0 subscriptions to classic queues are refused (use QoS 1 or 2)"
+        sess = self.session
+        old = sess.queue_subs.pop(s.topic_filter, None)
+        if old is not None:
+            await old.close()
+        qsub = QueueSub(sess, s.topic_filter, queue, filt, group, s.qos, position, sid)
+        try:
+            await qsub.open(self.manager, self._queue_credit())
+        except (FluxError, ValueError) as exc:
+            rc, _ = _flux_reason(exc)
+            return (rc if rc != RC.QUOTA_EXCEEDED else RC.UNSPECIFIED_ERROR), str(exc)
+        sess.queue_subs[s.topic_filter] = qsub
+        return ReasonCode(s.qos), ""
+
+    def _queue_credit(self) -> int:
+        return max(1, min(self.send_quota, self.opt.queue_credit_cap))
+
+    def _on_unsubscribe(self, p: Unsubscribe):
+        return self._push(None, None, run=lambda: self._unsubscribe(p))
+
+    async def _unsubscribe(self, p: Unsubscribe) -> None:
+        sess = self.session
+        codes = []
+        for f in p.topic_filters:
+            qsub = sess.queue_subs.pop(f, None)
+            if qsub is not None:
+                await qsub.close()
+                codes.append(RC.SUCCESS)
+            elif self.router.remove_subscription(sess, f):
+                codes.append(RC.SUCCESS)
+            else:
+                codes.append(RC.NO_SUBSCRIPTION_EXISTED)
+        self.write(Unsuback(p.packet_id, codes))
+
+    _HANDLERS: dict = {
+        Publish: _on_publish, Puback: _on_puback, Pubrec: _on_pubrec, Pubrel: _on_pubrel,
+        Pubcomp: _on_pubcomp, Subscribe: _on_subscribe, Unsubscribe: _on_unsubscribe,
+        Pingreq: _on_pingreq, Disconnect: _on_disconnect, Connect: _on_connect, Auth: _on_auth,
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------------
+
+def _peer(writer: asyncio.StreamWriter) -> str | None:
+    peer = writer.get_extra_info("peername")
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        return f"{peer[0]}:{peer[1]}"
+    return str(peer) if peer else None
+
+
+def _message_props(p: Properties) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in _FORWARDED:
+        value = getattr(p, name)
+        if value is not None:
+            out[name] = value
+    if p.user_properties:
+        out["user_properties"] = list(p.user_properties)
+    return out
+
+
+def _expiry(p: Properties) -> float | None:
+    return time.time() + p.message_expiry_interval if p.message_expiry_interval is not None else None
+
+
+def _headers(props: dict[str, Any]) -> dict[str, Any] | None:
+    """MQTT 5 properties as queue message headers (user properties flat; a repeated key keeps
+    its last value)."""
+    if not props:
+        return None
+    headers: dict[str, Any] = {}
+    for k, v in props.get("user_properties", ()):
+        headers[k] = v
+    if props.get("content_type") is not None:
+        headers["content-type"] = props["content_type"]
+    if props.get("response_topic") is not None:
+        headers["response-topic"] = props["response_topic"]
+    if props.get("correlation_data") is not None:
+        headers["correlation-data"] = props["correlation_data"].decode("utf-8", "backslashreplace")
+    return headers or None
+
+
+def _flux_reason(exc: BaseException) -> tuple[ReasonCode, str]:
+    if isinstance(exc, QueueFull):
+        return RC.QUOTA_EXCEEDED, str(exc)
+    if isinstance(exc, PayloadTooLarge):
+        return RC.QUOTA_EXCEEDED, str(exc)
+    if isinstance(exc, (InvalidArgument, ValueError)):
+        return RC.TOPIC_NAME_INVALID if "topic" in str(exc) else RC.IMPLEMENTATION_SPECIFIC_ERROR, str(exc)
+    if isinstance(exc, WrongQueueKind):
+        return RC.IMPLEMENTATION_SPECIFIC_ERROR, str(exc)
+    if isinstance(exc, UnknownQueue):
+        return RC.UNSPECIFIED_ERROR, str(exc)
+    return RC.UNSPECIFIED_ERROR, str(exc) or type(exc).__name__
+
+
+def _disconnect_code(rc: ReasonCode) -> ReasonCode:
+    return rc if rc in DISCONNECT_CODES else RC.PROTOCOL_ERROR
+
+
+def _log_failure(fut: asyncio.Future) -> None:
+    if fut.cancelled():
+        return
+    exc = fut.exception()
+    if exc is not None:
+        log.warning("MQTT background publish/ack failed: %s", exc)
+
+
+# --------------------------------------------------------------------------------------------
+# entry point
+# --------------------------------------------------------------------------------------------
+
+async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, initial: bytes, ctx: Any) -> None:
+    router = await get_router(ctx)
+    options = ctx.state.get("mqtt.options") or MqttOptions()
+    conn = Connection(reader, writer, ctx, router, options)
+    try:
+        await conn.run(initial)
+    except asyncio.CancelledError:
+        # Server shutdown cancels connection tasks; run() has cleaned up. Returning normally keeps
+        # asyncio's stream callback from logging the cancellation as an error.
+        return
+    try:
+        await asyncio.wait_for(writer.drain(), 2)
+    except (Exception, asyncio.CancelledError):  # noqa: BLE001
+        pass
+
+
+__all__ = ["handle", "MqttOptions", "get_router", "Connection", "Session"]

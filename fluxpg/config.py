@@ -424,11 +424,126 @@ class QueueConfig(_Strict):
         }
 
 
+class PermissionConfig(_Strict):
+    """One permission of a user: `action` on the queues/topics `pattern` covers."""
+
+    action: Literal["publish", "consume", "all"]
+    # A queue name (`orders`: all of it) or a topic filter (`$queue/orders/eu/#`).
+    pattern: str
+
+    @field_validator("pattern")
+    @classmethod
+    def _pattern(cls, value: str) -> str:
+        try:
+            if "/" in value or "+" in value or "#" in value:
+                validate_topic_filter(value)
+            else:
+                validate_queue_name(value)
+        except InvalidArgument as e:
+            raise ValueError(f"{e} (expected a queue name or a topic filter such as $queue/orders/#)") from None
+        return value
+
+
+class UserConfig(_Strict):
+    username: str = Field(min_length=1)
+    # Exactly one of the two. A plain `password` is for development: it is hashed on load and
+    # never kept; production configs carry `password_hash` (from `fluxpg passwd`).
+    password: str | None = Field(None, repr=False)
+    password_hash: str | None = Field(None, repr=False)
+    # Omitted: every action on everything. [] = nothing.
+    permissions: list[PermissionConfig] | None = None
+
+    @field_validator("password_hash")
+    @classmethod
+    def _hash(cls, value: str | None) -> str | None:
+        if value is not None:
+            from fluxpg.auth import parse_hash  # noqa: PLC0415 - keep config importable alone
+
+            parse_hash(value)
+        return value
+
+    @model_validator(mode="after")
+    def _one_secret(self) -> UserConfig:
+        if (self.password is None) == (self.password_hash is None):
+            raise ValueError(f"user {self.username!r}: give exactly one of password (development) "
+                             "or password_hash (from `fluxpg passwd`)")
+        if self.password is not None:
+            if not self.password:
+                raise ValueError(f"user {self.username!r}: password must not be empty")
+            from fluxpg.auth import hash_password  # noqa: PLC0415
+
+            # Assign via __dict__: validate_assignment would re-run this validator.
+            self.__dict__["password_hash"] = hash_password(self.password)
+            self.__dict__["password"] = None
+        return self
+
+
+class AuthConfig(_Strict):
+    allow_anonymous: bool = False
+    # Permissions of anonymous clients (with allow_anonymous); omitted = everything.
+    anonymous_permissions: list[PermissionConfig] | None = None
+    users: list[UserConfig] = Field(default_factory=list)
+    # How long a user looked up in the fluxpg.users table is remembered.
+    cache_ttl: Duration = timedelta(seconds=5)
+
+    @field_validator("users")
+    @classmethod
+    def _unique_users(cls, users: list[UserConfig]) -> list[UserConfig]:
+        seen: set[str] = set()
+        for i, user in enumerate(users):
+            if user.username in seen:
+                raise ValueError(f"users[{i}].username: duplicate user {user.username!r}")
+            seen.add(user.username)
+        return users
+
+
+class TlsConfig(_Strict):
+    """TLS for the listeners (all of them, or those named in `listeners`)."""
+
+    cert_file: str
+    key_file: str
+    # CA bundle to verify client certificates against (needed for require_client_cert).
+    ca_file: str | None = None
+    require_client_cert: bool = False
+    listeners: list[Literal["mqtt", "amqp", "amqp091", "http"]] | None = None
+
+    @model_validator(mode="after")
+    def _client_certs(self) -> TlsConfig:
+        if self.require_client_cert and not self.ca_file:
+            raise ValueError("require_client_cert needs ca_file (the CA that signs client certificates)")
+        return self
+
+    def applies_to(self, listener: str) -> bool:
+        return self.listeners is None or listener in self.listeners
+
+    def ssl_context(self):
+        """A server-side ssl.SSLContext (TLS 1.2+). Raises ConfigError naming the unreadable file."""
+        import ssl  # noqa: PLC0415
+
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        try:
+            context.load_cert_chain(self.cert_file, self.key_file)
+        except (OSError, ssl.SSLError) as e:
+            raise ConfigError(f"tls: cannot load cert_file {self.cert_file!r} / key_file {self.key_file!r}: "
+                              f"{getattr(e, 'strerror', None) or e}") from None
+        if self.ca_file:
+            try:
+                context.load_verify_locations(cafile=self.ca_file)
+            except (OSError, ssl.SSLError) as e:
+                raise ConfigError(f"tls: cannot load ca_file {self.ca_file!r}: "
+                                  f"{getattr(e, 'strerror', None) or e}") from None
+            context.verify_mode = ssl.CERT_REQUIRED if self.require_client_cert else ssl.CERT_OPTIONAL
+        return context
+
+
 class Config(_Strict):
     database: DatabaseConfig = Field(default_factory=DatabaseConfig)
     listeners: ListenersConfig = Field(default_factory=ListenersConfig)
     queue_manager: QueueManagerConfig = Field(default_factory=QueueManagerConfig)
     queues: list[QueueConfig] = Field(default_factory=list)
+    auth: AuthConfig | None = None   # None: no authentication (everybody may do everything)
+    tls: TlsConfig | None = None     # None: plain TCP
 
     @field_validator("queues")
     @classmethod

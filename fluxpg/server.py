@@ -20,7 +20,7 @@ class Server:
     def __init__(self, manager: QueueManager, config: Config):
         self.manager = manager
         self.config = config
-        self.ctx = BrokerContext(manager=manager, config=config, auth=authenticator_for(config))
+        self.ctx = BrokerContext(manager=manager, config=config, auth=authenticator_for(config, manager))
         self.listeners: dict[str, Listener] = {}
 
     @classmethod
@@ -30,6 +30,7 @@ class Server:
         """Start the manager and listeners. `addresses` overrides config.listeners per name
         ("HOST:PORT", port 0 for a free one, None to disable)."""
         config = config or Config()
+        tls = config.tls.ssl_context() if ssl is None and config.tls is not None else None  # before anything starts
         manager = await QueueManager.start(dsn, config, migrate=migrate, retention=retention)
         server = cls(manager, config)
         try:
@@ -39,7 +40,8 @@ class Server:
                 if not address:
                     continue
                 host, port = parse_address(address)
-                listener = Listener(name, host, port, server.ctx, ssl=ssl, reuse_port=reuse_port)
+                listener_ssl = ssl or (tls if tls is not None and config.tls.applies_to(name) else None)
+                listener = Listener(name, host, port, server.ctx, ssl=listener_ssl, reuse_port=reuse_port)
                 await listener.start()
                 server.listeners[name] = listener
         except BaseException:

@@ -1,0 +1,48 @@
+"""AMQP 0-9-1 front-end (RabbitMQ clients: aio-pika, pika, …) on fluxpg queues and streams.
+
+Modules: framing.py (sans-I/O frame splitting/encoding over pamqp), properties.py (basic
+properties ↔ stored headers), exchanges.py (per-connection exchanges and bindings),
+channel.py (channel state machine), connection.py (handshake, heartbeats, `handle`).
+
+Semantics (FluxMQ's documented behaviour, DESIGN §4), and the choices made where it is silent:
+
+* Queue names: `orders`, `orders/eu/#` and `$queue/orders/#` name the same queue (plus an optional
+  consumer filter). Consuming a bare name that does not exist is 404 NOT_FOUND (RabbitMQ); the
+  explicit `$queue/<name>` form may create an ephemeral queue (FluxMQ).
+* queue.declare: creates a durable fluxpg queue (everything is in PostgreSQL, the `durable` flag
+  is accepted and ignored) from `x-queue-type`, `x-max-age`, `x-max-length`,
+  `x-max-length-bytes`, `x-message-ttl`. An existing queue keeps its settings (so a client's
+  declare never resets a configured retry policy); an explicit `x-queue-type` that differs from
+  the existing kind is 406 PRECONDITION_FAILED. `exclusive`/`auto_delete` queues and server-named
+  queues (`amq.gen-…`) are FluxMQ ephemeral queues (in memory, best effort). Passive declare:
+  404 when missing, message-count = the queue's depth.
+* queue.purge is refused (406): a fluxpg queue is a shared log. queue.delete of a durable queue is
+  refused (406) for the same reason; deleting an ephemeral or unknown queue succeeds.
+* Exchanges and bindings are per connection and never persisted (FluxMQ). Publishing through an
+  exchange appends to `$queue/<queue>/<routing-key>` for every bound queue; direct, fanout,
+  topic (AMQP `*`/`#` words) and headers exchanges, exchange-to-exchange bindings.
+* Default exchange: routing key `$queue/<q>/…` or a bare queue name. `mandatory` + no queue →
+  basic.return 312 NO_ROUTE (the reserved catch-all `mqtt` queue does not count as a route);
+  without `mandatory` an ephemeral queue takes it (FluxMQ).
+* Publisher confirms: basic.ack only after the append committed; a failed append is basic.nack.
+  A message too large for its queue or an invalid topic closes the channel with 406; a body
+  larger than any queue accepts is 311 CONTENT_TOO_LARGE at its content header.
+* `$queue/<q>/$commit` with headers `x-group-id`, `x-offset` (the last processed offset) commits a
+  stream group at x-offset + 1; `$queue/<q>/$ack|$nack|$reject` with `message-id`, `group-id`
+  settle a delivery like the MQTT front-end does.
+* basic.consume arguments: `x-consumer-group` (default: the queue name, so a queue's consumers
+  share its messages as in RabbitMQ and a stream reader resumes from the same checkpoint — give
+  stream readers distinct groups to read independently), `x-stream-offset` (first, last, next,
+  an integer, offset=N, timestamp=N, an AMQP timestamp), `x-auto-commit` (bool or "true").
+  `exclusive` is accepted and not enforced (a group may span nodes).
+* basic.qos: prefetch per consumer (global=false, for consumers created afterwards) or per channel
+  (global=true); prefetch_size is ignored.
+* basic.ack → ack (stream: checkpoint); nack/reject with requeue → nack (classic: redelivery after
+  the retry backoff; stream: no-op); without requeue → reject (classic: dead-letter to
+  `$dlq/<q>`; stream: skip). Unacknowledged deliveries are nacked when their channel or
+  connection closes, so they come back without waiting for the visibility timeout.
+* basic.get claims one message for the queue's default group (get-ok message-count is 0: not
+  computed).
+* Not supported: tx.* and channel.flow(active=false) (540 NOT_IMPLEMENTED), auth mechanisms
+  other than PLAIN, virtual hosts (any name reaches the same broker).
+"""

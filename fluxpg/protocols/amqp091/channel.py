@@ -1,0 +1,959 @@
+"""One AMQP 0-9-1 channel: publishes (with confirms and returns), consumers, acknowledgements,
+queue and exchange methods, mapped onto the fluxpg queue manager.
+
+The connection hands every frame of this channel to `Channel.handle_frame` in arrival order and
+awaits it. Methods that need the database either run inline (declare, consume, get: the client
+waits for their -ok anyway) or in an ordered background pipeline:
+
+* publishes: each completed message starts its append at once (so the appender can group-commit
+  the publishes of a burst) and joins a FIFO; one confirmer task walks the FIFO in order and sends
+  `basic.ack` (coalesced with `multiple`) or `basic.nack` — only after `manager.publish` returned,
+  i.e. after the append committed. A failed append is a nack, never an ack.
+* acknowledgements (basic.ack/nack/reject): queued and written in batches by one settle task.
+
+Before any other synchronous method, and before channel.close-ok, the channel waits for both
+pipelines to drain, so a client sees its own publishes and acks in effect (e.g. basic.get after
+basic.publish on the same channel finds the message).
+
+Semantics (FluxMQ, DESIGN §4): see fluxpg/protocols/amqp091/__init__.py.
+"""
+from __future__ import annotations
+
+import asyncio
+import datetime as _dt
+import logging
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pamqp import commands
+
+from fluxpg.config import LimitsConfig, queue_config_from_amqp_args
+from fluxpg.protocols.amqp091 import framing
+from fluxpg.protocols.amqp091.exchanges import EXCHANGE_TYPES, Binding, Exchange, freeze_args
+from fluxpg.protocols.amqp091.framing import (ACCESS_REFUSED, CHANNEL_ERROR, COMMAND_INVALID, CONTENT_TOO_LARGE,
+                                              FRAME_BODY, FRAME_HEADER, FRAME_METHOD, INTERNAL_ERROR,
+                                              NO_ROUTE, NOT_ALLOWED, NOT_FOUND, NOT_IMPLEMENTED,
+                                              PRECONDITION_FAILED, UNEXPECTED_FRAME, AMQPError,
+                                              channel_error, connection_error)
+from fluxpg.protocols.amqp091.properties import delivery_properties, headers_from_properties
+from fluxpg.queues import classic as classic_ops
+from fluxpg.queues import stream as stream_ops
+from fluxpg.queues.types import (Delivery, FluxError, InvalidArgument, PayloadTooLarge, QueueFull,
+                                 Unavailable, UnknownQueue, WrongQueueKind, parse_message_id)
+from fluxpg.topics import (QUEUE_PREFIX, ack_verb, internal_group_name, parse_queue_topic,
+                           split_queue_subscription, validate_queue_name, validate_topic_name)
+
+if TYPE_CHECKING:
+    from fluxpg.protocols.amqp091.connection import Connection
+
+log = logging.getLogger("fluxpg.amqp091")
+
+Basic, Queue, Exch, Chan, Confirm = commands.Basic, commands.Queue, commands.Exchange, commands.Channel, commands.Confirm
+
+MAX_PIPELINE = 2000          # publishes in flight per channel before the reader waits (TCP back-pressure)
+SERVER_MAX_BODY = 512 * 2 ** 20   # hard cap when every queue allows unlimited sizes
+WRITE_HIGH_WATER = 4 * 2 ** 20    # deliveries wait for the socket above this much unsent data
+
+# Methods a client sends without waiting for an answer: they skip the drain barrier.
+_ASYNC_METHODS = (Basic.Publish, Basic.Ack, Basic.Nack, Basic.Reject)
+
+
+def _text_arg(value: Any) -> str:
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", "replace")
+    return str(value)
+
+
+def _error_from_flux(exc: FluxError, method) -> AMQPError:
+    """A queue-engine error as the channel exception RabbitMQ would raise."""
+    if isinstance(exc, UnknownQueue):
+        return channel_error(NOT_FOUND, str(exc), method)
+    if isinstance(exc, Unavailable):
+        return channel_error(INTERNAL_ERROR, f"database unavailable: {exc}", method)
+    return channel_error(PRECONDITION_FAILED, str(exc), method)
+
+
+@dataclass(eq=False)
+class Consumer:
+    tag: str
+    queue: str
+    kind: str
+    no_ack: bool
+    sub: Any = None          # fluxpg Subscription
+
+
+@dataclass(slots=True)
+class Unacked:
+    queue: str
+    group: str
+    partition: int
+    seq: int
+    consumer: Consumer | None
+
+
+@dataclass(eq=False)
+class _Entry:
+    """One publish in the confirm FIFO."""
+    tag: int | None                 # confirm delivery tag (None: not in confirm mode)
+    tasks: list[asyncio.Task] = field(default_factory=list)
+    error: AMQPError | None = None  # decided synchronously (e.g. a malformed $commit)
+
+
+class Channel:
+    def __init__(self, conn: Connection, channel_id: int):
+        self.conn = conn
+        self.id = channel_id
+        self.state = "open"          # open | closing (we sent channel.close) | closed
+        self.manager = conn.ctx.manager
+        # content assembly
+        self._publish: Basic.Publish | None = None
+        self._header = None
+        self._body: list[bytes] = []
+        self._received = 0
+        # confirms
+        self.confirm = False
+        self._confirm_seq = 0
+        self._pipeline: deque[_Entry] = deque()
+        self._confirmer: asyncio.Task | None = None
+        self._pipeline_idle = asyncio.Event()
+        self._pipeline_idle.set()
+        self._tasks: set[asyncio.Task] = set()
+        # consumers and deliveries
+        self.consumers: dict[str, Consumer] = {}
+        self._delivery_tag = 0
+        self.unacked: dict[int, Unacked] = {}
+        self.prefetch = 0            # per consumer (global=false), for consumers created after
+        self.global_prefetch = 0     # per channel (global=true)
+        self._held: deque[tuple[Consumer, Delivery]] = deque()
+        # acknowledgements
+        self._settle: list[tuple[str, str, str, int, int]] = []
+        self._settler: asyncio.Task | None = None
+        self._release_task: asyncio.Task | None = None
+
+    # ------------------------------------------------------------------ frame entry point
+
+    async def handle_frame(self, frame: framing.Frame) -> None:
+        if self.state != "open":
+            # After we sent channel.close: discard everything but close / close-ok (spec 2.3.5.2).
+            if frame.type == FRAME_METHOD:
+                method = framing.decode_method(frame.payload)
+                if isinstance(method, Chan.CloseOk):
+                    await self._finish_release()
+                    self.conn.drop_channel(self.id)
+                elif isinstance(method, Chan.Close):
+                    self.conn.write(framing.method_frame(self.id, Chan.CloseOk()))
+            return
+        try:
+            await self._dispatch(frame)
+        except AMQPError as err:
+            if not err.channel:
+                raise
+            self.fail(err)
+        except FluxError as exc:
+            self.fail(_error_from_flux(exc, None))
+
+    async def _dispatch(self, frame: framing.Frame) -> None:
+        if self._publish is not None:
+            if frame.type == FRAME_HEADER and self._header is None:
+                return self._on_header(framing.decode_content_header(frame.payload))
+            if frame.type == FRAME_BODY and self._header is not None:
+                return await self._on_body(frame.payload)
+            raise connection_error(UNEXPECTED_FRAME, f"expected content {'body' if self._header else 'header'} "
+                                   f"for basic.publish on channel {self.id}, got a frame of type {frame.type}",
+                                   Basic.Publish)
+        if frame.type != FRAME_METHOD:
+            raise connection_error(UNEXPECTED_FRAME, f"unexpected content frame (type {frame.type}) on channel "
+                                   f"{self.id}: no basic.publish precedes it")
+        method = framing.decode_method(frame.payload)
+        handler = _HANDLERS.get(type(method))
+        if handler is None:
+            raise connection_error(COMMAND_INVALID, f"{method.name} is not a method a client sends on a channel",
+                                   method)
+        if not isinstance(method, _ASYNC_METHODS):
+            await self.drain()
+        await handler(self, method)
+
+    # ------------------------------------------------------------------ closing
+
+    def fail(self, err: AMQPError) -> None:
+        """Close the channel with a channel exception; the rest of the connection goes on."""
+        if self.state != "open":
+            return
+        log.info("amqp091 %s channel %d: closing with %d %s", self.conn.name, self.id, err.code, err.text)
+        self.state = "closing"
+        class_id, method_id = err.ids
+        self.conn.write(framing.method_frame(self.id, Chan.Close(err.code, err.reply_text, class_id, method_id)))
+        self._release_task = asyncio.create_task(self._release())
+
+    async def _finish_release(self) -> None:
+        if self._release_task is None:
+            self._release_task = asyncio.create_task(self._release())
+        try:
+            await self._release_task
+        except Exception:  # noqa: BLE001 - cleanup of a dead channel must not kill the connection
+            log.exception("releasing channel %d failed", self.id)
+
+    async def _release(self) -> None:
+        """Stop consumers, write pending acknowledgements, requeue what was delivered but not
+        acknowledged (RabbitMQ: unacked messages return when their channel closes)."""
+        self.state = "closing" if self.state == "open" else self.state
+        consumers = list(self.consumers.values())
+        self.consumers.clear()
+        self._held.clear()
+        for c in consumers:
+            if c.sub is not None:
+                try:
+                    await c.sub.close()
+                except Exception:  # noqa: BLE001
+                    log.exception("closing consumer %s failed", c.tag)
+        await self._flush_settle()
+        if self.unacked:
+            for entry in self.unacked.values():
+                self._settle.append(("nack", entry.queue, entry.group, entry.partition, entry.seq))
+            self.unacked.clear()
+            await self._flush_settle()
+        self.state = "closed"
+
+    async def close_by_client(self) -> None:
+        await self.drain()
+        await self._finish_release()
+
+    async def connection_lost(self) -> None:
+        """The connection ended (or is being closed): release without sending anything."""
+        if self.state == "open":
+            self.state = "closing"
+        await self._finish_release()
+
+    # ------------------------------------------------------------------ pipelines
+
+    async def drain(self) -> None:
+        """Wait until every publish of this channel is confirmed (or failed) and every
+        acknowledgement written."""
+        await self._pipeline_idle.wait()
+        await self._flush_settle()
+
+    def _spawn(self, coro) -> asyncio.Task:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # ------------------------------------------------------------------ channel class
+
+    async def _channel_flow(self, m: Chan.Flow) -> None:
+        if not m.active:
+            # RabbitMQ dropped client-initiated flow control too; consumers use basic.qos.
+            raise connection_error(NOT_IMPLEMENTED, "channel.flow active=false is not supported; use basic.qos", m)
+        self.conn.write(framing.method_frame(self.id, Chan.FlowOk(True)))
+
+    async def _channel_flow_ok(self, m) -> None:
+        return None
+
+    async def _channel_close(self, m: Chan.Close) -> None:
+        await self.close_by_client()
+        self.conn.write(framing.method_frame(self.id, Chan.CloseOk()))
+        self.conn.drop_channel(self.id)
+
+    async def _channel_close_ok(self, m) -> None:
+        # close-ok without our close: a protocol error of the client.
+        raise connection_error(COMMAND_INVALID, "channel.close-ok without channel.close", m)
+
+    # ------------------------------------------------------------------ exchanges
+
+    def _exchange_name(self, name: str) -> str:
+        return "" if name == "amq.default" else name
+
+    async def _exchange_declare(self, m: Exch.Declare) -> None:
+        name = self._exchange_name(m.exchange)
+        table = self.conn.exchanges
+        if name == "":
+            if not m.passive:
+                raise channel_error(ACCESS_REFUSED, "operation not permitted on the default exchange", m)
+        elif m.passive:
+            if table.get(name) is None:
+                raise channel_error(NOT_FOUND, f"no exchange '{name}' on this connection (exchanges are "
+                                    "per-connection in fluxpg)", m)
+        else:
+            ex_type = (m.exchange_type or "direct").lower()
+            if ex_type not in EXCHANGE_TYPES:
+                raise connection_error(COMMAND_INVALID, f"unknown exchange type '{m.exchange_type}'", m)
+            existing = table.get(name)
+            if existing is not None:
+                if existing.type != ex_type:
+                    raise channel_error(PRECONDITION_FAILED, f"inequivalent arg 'type' for exchange '{name}': "
+                                        f"received '{ex_type}' but current is '{existing.type}'", m)
+            else:
+                if name.startswith("amq."):
+                    raise channel_error(ACCESS_REFUSED, f"exchange name '{name}' contains reserved prefix 'amq.*'", m)
+                table.declare(Exchange(name, ex_type, durable=bool(m.durable), auto_delete=bool(m.auto_delete),
+                                       internal=bool(m.internal), arguments=dict(m.arguments or {})))
+        if not m.nowait:
+            self.conn.write(framing.method_frame(self.id, Exch.DeclareOk()))
+
+    async def _exchange_delete(self, m: Exch.Delete) -> None:
+        name = self._exchange_name(m.exchange)
+        table = self.conn.exchanges
+        if name == "" or name.startswith("amq."):
+            raise channel_error(ACCESS_REFUSED, f"operation not permitted on exchange '{name or 'amq.default'}'", m)
+        if m.if_unused and table.has_bindings_from(name):
+            raise channel_error(PRECONDITION_FAILED, f"exchange '{name}' in use", m)
+        table.delete(name)
+        if not m.nowait:
+            self.conn.write(framing.method_frame(self.id, Exch.DeleteOk()))
+
+    def _require_exchange(self, name: str, m) -> Exchange:
+        if name == "":
+            raise channel_error(ACCESS_REFUSED, "operation not permitted on the default exchange", m)
+        ex = self.conn.exchanges.get(name)
+        if ex is None:
+            raise channel_error(NOT_FOUND, f"no exchange '{name}' on this connection", m)
+        return ex
+
+    async def _exchange_bind(self, m: Exch.Bind) -> None:
+        src, dst = self._exchange_name(m.source), self._exchange_name(m.destination)
+        self._require_exchange(src, m)
+        self._require_exchange(dst, m)
+        self.conn.exchanges.bind(Binding(src, dst, m.routing_key or "", freeze_args(m.arguments), to_exchange=True))
+        if not m.nowait:
+            self.conn.write(framing.method_frame(self.id, Exch.BindOk()))
+
+    async def _exchange_unbind(self, m: Exch.Unbind) -> None:
+        src, dst = self._exchange_name(m.source), self._exchange_name(m.destination)
+        self.conn.exchanges.unbind(Binding(src, dst, m.routing_key or "", freeze_args(m.arguments), to_exchange=True))
+        if not m.nowait:
+            self.conn.write(framing.method_frame(self.id, Exch.UnbindOk()))
+
+    # ------------------------------------------------------------------ queues
+
+    def _queue_name(self, raw: str, m) -> tuple[str, str | None, bool]:
+        """(queue, filter, explicit) from `orders`, `orders/eu/#` or `$queue/orders/#`."""
+        explicit = raw.startswith(QUEUE_PREFIX)
+        try:
+            queue, topic_filter = split_queue_subscription(raw)
+        except InvalidArgument as exc:
+            raise channel_error(PRECONDITION_FAILED, str(exc), m) from None
+        return queue, topic_filter, explicit
+
+    def _exists(self, queue: str) -> str | None:
+        """'durable' | 'ephemeral' | None."""
+        if self.manager.queue_info(queue) is not None:
+            return "durable"
+        if queue in self.manager.ephemeral.queues:
+            return "ephemeral"
+        return None
+
+    async def _lookup(self, queue: str) -> str | None:
+        found = self._exists(queue)
+        if found is None:
+            # Another node (or the CLI) may have declared it since our last reload.
+            await self.manager.reload_queues()
+            found = self._exists(queue)
+        return found
+
+    async def _depth(self, queue: str) -> int:
+        try:
+            for row in await self.manager.queue_stats():
+                if row["queue"] == queue:
+                    return max(int(row["depth"] or 0), 0)
+        except Exception as exc:  # noqa: BLE001 - a count is informative; the declare still succeeds
+            log.warning("queue depth of %s unavailable: %s", queue, exc)
+        return 0
+
+    def _consumer_count(self, queue: str) -> int:
+        return sum(1 for s in self.manager.subscriptions if s.queue == queue)
+
+    async def _declare_ok(self, m, queue: str, kind: str) -> None:
+        if m.nowait:
+            return
+        if kind == "ephemeral":
+            eq = self.manager.ephemeral.get(queue, create=False)
+            count = len(eq.buffer) if eq is not None else 0
+        else:
+            count = await self._depth(queue)
+        self.conn.write(framing.method_frame(self.id, framing.build(Queue.DeclareOk, queue, count, self._consumer_count(queue))))
+
+    async def _queue_declare(self, m: Queue.Declare) -> None:
+        raw = m.queue or ""
+        args = dict(m.arguments or {})
+        if raw == "":
+            # Server-named queues are private, short-lived: an ephemeral (in-memory) queue.
+            name = f"amq.gen-{uuid.uuid4().hex}"
+            self.manager.ephemeral.get(name)
+            self.conn.ephemeral_declared.add(name)
+            return await self._declare_ok(m, name, "ephemeral")
+        name = raw[len(QUEUE_PREFIX):] if raw.startswith(QUEUE_PREFIX) else raw
+        try:
+            validate_queue_name(name)
+        except InvalidArgument as exc:
+            raise channel_error(PRECONDITION_FAILED, str(exc), m) from None
+        found = await self._lookup(name)
+        if m.passive:
+            if found is None:
+                raise channel_error(NOT_FOUND, f"no queue '{name}'", m)
+            return await self._declare_ok(m, name, found)
+        if "x-queue-type" in args and found == "durable":
+            wanted = _text_arg(args["x-queue-type"]).strip().lower()
+            wanted = "classic" if wanted == "quorum" else wanted
+            info = self.manager.queue_info(name)
+            if info is not None and wanted != info.kind:
+                raise channel_error(PRECONDITION_FAILED, f"inequivalent arg 'x-queue-type' for queue '{name}': "
+                                    f"received '{wanted}' but current is '{info.kind}'", m)
+        if found is not None:
+            # Existing queues keep their settings (the config or the first declare made them);
+            # a re-declare does not reset e.g. a configured retry policy.
+            return await self._declare_ok(m, name, found)
+        if m.exclusive or m.auto_delete:
+            # Exclusive / auto-delete queues are FluxMQ ephemeral queues: in memory, best effort.
+            self.manager.ephemeral.get(name)
+            self.conn.ephemeral_declared.add(name)
+            return await self._declare_ok(m, name, "ephemeral")
+        try:
+            qc = queue_config_from_amqp_args(name, args)
+            await self.manager.declare_queue(qc)
+        except WrongQueueKind as exc:
+            raise channel_error(PRECONDITION_FAILED, str(exc), m) from None
+        except FluxError as exc:
+            raise _error_from_flux(exc, m) from None
+        await self._declare_ok(m, name, "durable")
+
+    async def _queue_bind(self, m: Queue.Bind) -> None:
+        queue, _f, _e = self._queue_name(m.queue or "", m)
+        exchange = self._exchange_name(m.exchange)
+        self._require_exchange(exchange, m)
+        if await self._lookup(queue) is None:
+            raise channel_error(NOT_FOUND, f"no queue '{queue}'", m)
+        self.conn.exchanges.bind(Binding(exchange, queue, m.routing_key or "", freeze_args(m.arguments)))
+        if not m.nowait:
+            self.conn.write(framing.method_frame(self.id, Queue.BindOk()))
+
+    async def _queue_unbind(self, m: Queue.Unbind) -> None:
+        queue, _f, _e = self._queue_name(m.queue or "", m)
+        exchange = self._exchange_name(m.exchange)
+        self.conn.exchanges.unbind(Binding(exchange, queue, m.routing_key or "", freeze_args(m.arguments)))
+        self.conn.write(framing.method_frame(self.id, Queue.UnbindOk()))
+
+    async def _queue_purge(self, m: Queue.Purge) -> None:
+        # A fluxpg queue is a shared log that other groups and protocols read; removing its
+        # messages behind their backs is not something a client can ask for. Say so.
+        raise channel_error(PRECONDITION_FAILED, "queue.purge is not supported: fluxpg queues are logs; messages "
+                            "leave by acknowledgement, retention or TTL", m)
+
+    async def _queue_delete(self, m: Queue.Delete) -> None:
+        queue, _f, _e = self._queue_name(m.queue or "", m)
+        found = await self._lookup(queue)
+        if found == "durable":
+            raise channel_error(PRECONDITION_FAILED, f"queue '{queue}' is a durable fluxpg queue shared by every "
+                                "connection and protocol; it is not deleted over AMQP (drop it with the admin "
+                                "tools)", m)
+        count = 0
+        if found == "ephemeral":
+            eq = self.manager.ephemeral.get(queue, create=False)
+            if eq is not None:
+                if m.if_unused and eq.consumers:
+                    raise channel_error(PRECONDITION_FAILED, f"queue '{queue}' in use", m)
+                if m.if_empty and eq.buffer:
+                    raise channel_error(PRECONDITION_FAILED, f"queue '{queue}' not empty", m)
+                count = len(eq.buffer)
+                if not eq.consumers:
+                    self.manager.ephemeral.queues.pop(queue, None)
+        self.conn.exchanges.unbind_queue(queue)
+        if not m.nowait:
+            self.conn.write(framing.method_frame(self.id, Queue.DeleteOk(count)))
+
+    # ------------------------------------------------------------------ publish
+
+    async def _basic_publish(self, m: Basic.Publish) -> None:
+        exchange = self._exchange_name(m.exchange or "")
+        if exchange and self.conn.exchanges.get(exchange) is None:
+            # The content frames that follow are discarded while the channel is closing.
+            raise channel_error(NOT_FOUND, f"no exchange '{exchange}' on this connection (exchanges are "
+                                "per-connection in fluxpg)", m)
+        self._publish = m
+        self._header = None
+        self._body = []
+        self._received = 0
+
+    def _max_body(self) -> int:
+        sizes = [q.max_message_size for q in self.manager.queues.values()]
+        if any(s == 0 for s in sizes):
+            return SERVER_MAX_BODY
+        return max(sizes + [LimitsConfig().max_message_size])
+
+    def _on_header(self, ch) -> None:
+        if ch.class_id != Basic.frame_id:
+            raise connection_error(UNEXPECTED_FRAME, f"content header of class {ch.class_id}, expected basic (60)",
+                                   Basic.Publish)
+        limit = self._max_body()
+        if ch.body_size > limit:
+            self._publish = None
+            raise channel_error(CONTENT_TOO_LARGE, f"message of {ch.body_size} bytes is larger than the broker's "
+                                f"maximum of {limit} bytes", Basic.Publish)
+        self._header = ch
+        if ch.body_size == 0:
+            self._complete()
+
+    async def _on_body(self, payload: bytes) -> None:
+        self._received += len(payload)
+        if self._received > self._header.body_size:
+            self._publish = None
+            raise connection_error(framing.FRAME_ERROR, "content body larger than its header announced", Basic.Publish)
+        self._body.append(payload)
+        if self._received == self._header.body_size:
+            self._complete()
+        if len(self._pipeline) >= MAX_PIPELINE:
+            # Stop reading until the oldest publish finished: the socket pushes back on the client.
+            await asyncio.wait(self._pipeline[0].tasks or [asyncio.sleep(0)])
+
+    def _complete(self) -> None:
+        method, header = self._publish, self._header
+        body = b"".join(self._body)
+        self._publish, self._header, self._body, self._received = None, None, [], 0
+        tag = None
+        if self.confirm:
+            self._confirm_seq += 1
+            tag = self._confirm_seq
+        entry = _Entry(tag)
+        try:
+            self._start_publish(entry, method, header.properties, body)
+        except AMQPError as err:
+            if not err.channel:
+                raise
+            entry.error = err
+        self._pipeline.append(entry)
+        self._pipeline_idle.clear()
+        if self._confirmer is None or self._confirmer.done():
+            self._confirmer = self._spawn(self._confirm_loop())
+
+    def _start_publish(self, entry: _Entry, m: Basic.Publish, props, body: bytes) -> None:
+        exchange = self._exchange_name(m.exchange or "")
+        rk = m.routing_key or ""
+        principal = self.conn.principal
+        if exchange == "":
+            if rk.startswith(QUEUE_PREFIX) or rk.startswith("$dlq/"):
+                topic = rk
+            elif rk:
+                topic = QUEUE_PREFIX + rk
+            else:
+                topic = ""
+            if topic.startswith(QUEUE_PREFIX):
+                verb = None
+                try:
+                    verb = ack_verb(topic)
+                except InvalidArgument as exc:
+                    raise channel_error(PRECONDITION_FAILED, str(exc), m) from None
+                if verb is not None:
+                    entry.tasks.append(self._spawn(self._control(verb[0], verb[1], props, m)))
+                    return
+            topics = [topic] if topic and self._routable(topic) else []
+            if topic and not topics and not m.mandatory:
+                topics = [topic]   # FluxMQ: an ephemeral queue (or the reserved queue) takes it
+        else:
+            headers = dict(getattr(props, "headers", None) or {})
+            queues = self.conn.exchanges.route(exchange, rk, headers)
+            topics = [f"{QUEUE_PREFIX}{q}/{rk}" if rk else f"{QUEUE_PREFIX}{q}" for q in queues]
+        if not topics:
+            if m.mandatory:
+                self.conn.write(framing.method_frame(self.id, framing.build(Basic.Return, NO_ROUTE, "NO_ROUTE", m.exchange or "", rk))
+                                + framing.content_frames(self.id, props, body, self.conn.frame_max))
+            return   # routed nowhere: confirmed (RabbitMQ acks unroutable messages)
+        for topic in topics:
+            if principal is not None and not principal.allowed("publish", topic):
+                raise channel_error(ACCESS_REFUSED, f"access to '{topic}' refused for user "
+                                    f"'{principal.username or 'anonymous'}'", m)
+            try:
+                validate_topic_name(topic)
+                parse_queue_topic(topic) if topic.startswith(QUEUE_PREFIX) else None
+            except InvalidArgument as exc:
+                raise channel_error(PRECONDITION_FAILED, str(exc), m) from None
+        stored = headers_from_properties(props, m.exchange or "", rk)
+        for topic in topics:
+            # Tasks start in creation order, so appends reach the appender in publish order.
+            entry.tasks.append(self._spawn(self.manager.publish(topic, body, stored)))
+
+    def _routable(self, topic: str) -> bool:
+        """Does a default-exchange topic reach a queue that exists (not only the reserved
+        catch-all queue, and not an ephemeral queue nobody declared)?"""
+        reserved = self.conn.reserved_queues
+        if any(q.name not in reserved for q in self.manager.route(topic)):
+            return True
+        try:
+            return parse_queue_topic(topic).queue in self.manager.ephemeral.queues
+        except InvalidArgument:
+            return False
+
+    async def _control(self, queue: str, verb: str, props, m) -> None:
+        """`$queue/<q>/$commit` (stream checkpoint) and `$ack|$nack|$reject` published to the
+        default exchange: headers say which group and offset."""
+        headers = dict(getattr(props, "headers", None) or {})
+        if verb == "commit":
+            group = headers.get("x-group-id")
+            offset = headers.get("x-offset")
+            if group in (None, "") or offset is None:
+                raise channel_error(PRECONDITION_FAILED, "a $commit needs the headers x-group-id and x-offset", m)
+            try:
+                seq = int(_text_arg(offset)) if not isinstance(offset, int) else offset
+            except ValueError:
+                raise channel_error(PRECONDITION_FAILED, f"x-offset {offset!r} is not an integer", m) from None
+            if isinstance(offset, bool) or seq < 0:
+                raise channel_error(PRECONDITION_FAILED, f"x-offset {offset!r} is not an offset", m)
+            # x-offset is the last processed offset; the checkpoint is the first one not processed.
+            await self.manager.commit(queue, _text_arg(group), seq + 1)
+            return
+        message_id = headers.get("message-id")
+        group = headers.get("group-id")
+        if message_id in (None, "") or group in (None, ""):
+            raise channel_error(PRECONDITION_FAILED, f"a ${verb} needs the headers message-id and group-id", m)
+        _q, seq = parse_message_id(_text_arg(message_id))
+        if verb == "ack":
+            await self.manager.ack(queue, _text_arg(group), [seq])
+        elif verb == "nack":
+            await self.manager.nack(queue, _text_arg(group), [seq])
+        else:
+            await self.manager.reject(queue, _text_arg(group), [seq], headers.get("reason"))
+
+    async def _confirm_loop(self) -> None:
+        try:
+            while self._pipeline:
+                entry = self._pipeline[0]
+                if entry.tasks:
+                    await asyncio.wait(entry.tasks)
+                self._pipeline.popleft()
+                failure = entry.error or self._failure(entry)
+                if self.state != "open":
+                    continue   # the channel closed: no confirm may be sent any more
+                if failure is None:
+                    if entry.tag is not None:
+                        # Coalesce: every following entry already done and successful.
+                        last = entry.tag
+                        while (self._pipeline and self._pipeline[0].tag is not None and self._pipeline[0].error is None
+                               and all(t.done() for t in self._pipeline[0].tasks)
+                               and self._failure(self._pipeline[0]) is None):
+                            last = self._pipeline.popleft().tag
+                        self.conn.write(framing.method_frame(self.id, Basic.Ack(last, last != entry.tag)))
+                elif isinstance(failure, AMQPError):
+                    self.fail(failure)
+                else:
+                    if entry.tag is not None:
+                        self.conn.write(framing.method_frame(self.id, Basic.Nack(entry.tag, False, False)))
+                    else:
+                        log.warning("amqp091 %s channel %d: publish failed (no confirms to tell the client): %s",
+                                    self.conn.name, self.id, failure)
+        finally:
+            if not self._pipeline:
+                self._pipeline_idle.set()
+
+    def _failure(self, entry: _Entry) -> AMQPError | BaseException | None:
+        """None when every append committed; an AMQPError the channel closes with (the client
+        sent something wrong); any other exception: a nack (nothing or not all was stored)."""
+        for task in entry.tasks:
+            if task.cancelled():
+                return Unavailable("publish cancelled")
+            exc = task.exception()
+            if exc is None:
+                continue
+            if isinstance(exc, AMQPError):
+                return exc
+            if isinstance(exc, (PayloadTooLarge, InvalidArgument, WrongQueueKind)):
+                return channel_error(PRECONDITION_FAILED, str(exc), Basic.Publish)
+            if isinstance(exc, UnknownQueue):
+                return channel_error(NOT_FOUND, str(exc), Basic.Publish)
+            if not isinstance(exc, (QueueFull, Unavailable, FluxError)):
+                log.error("amqp091 publish failed unexpectedly", exc_info=exc)
+            return exc
+        return None
+
+    async def _confirm_select(self, m: Confirm.Select) -> None:
+        self.confirm = True
+        if not m.nowait:
+            self.conn.write(framing.method_frame(self.id, Confirm.SelectOk()))
+
+    async def _tx(self, m) -> None:
+        raise connection_error(NOT_IMPLEMENTED, "transactions (tx.*) are not supported; use publisher confirms", m)
+
+    # ------------------------------------------------------------------ consume
+
+    async def _basic_qos(self, m: Basic.Qos) -> None:
+        # prefetch_size (bytes) is ignored, which the spec allows.
+        if m.global_:
+            self.global_prefetch = m.prefetch_count
+            self._release_held()
+        else:
+            self.prefetch = m.prefetch_count
+        self.conn.write(framing.method_frame(self.id, Basic.QosOk()))
+
+    def _consume_options(self, args: dict, m) -> tuple[str | None, Any, bool | None]:
+        group = args.get("x-consumer-group")
+        group = _text_arg(group).strip() if group not in (None, "", b"") else None
+        position = args.get("x-stream-offset")
+        if isinstance(position, (bytes, bytearray)):
+            position = bytes(position).decode("utf-8", "replace")
+        if isinstance(position, _dt.datetime):
+            if position.tzinfo is None:
+                position = position.replace(tzinfo=_dt.timezone.utc)
+            position = f"timestamp={int(position.timestamp() * 1000)}"
+        if isinstance(position, bool) or (position is not None and not isinstance(position, (int, str))):
+            raise channel_error(PRECONDITION_FAILED, f"x-stream-offset {position!r}: expected first, last, next, an "
+                                "offset, offset=N or timestamp=N", m)
+        auto = args.get("x-auto-commit")
+        if auto is not None:
+            if isinstance(auto, bool):
+                pass
+            elif isinstance(auto, (str, bytes, bytearray)) and _text_arg(auto).strip().lower() in ("true", "false"):
+                auto = _text_arg(auto).strip().lower() == "true"
+            else:
+                raise channel_error(PRECONDITION_FAILED, f"x-auto-commit {auto!r}: expected a boolean or "
+                                    "\"true\"/\"false\"", m)
+        return group, position, auto
+
+    async def _basic_consume(self, m: Basic.Consume) -> None:
+        queue, topic_filter, explicit = self._queue_name(m.queue or "", m)
+        tag = m.consumer_tag or f"amq.ctag-{uuid.uuid4().hex}"
+        if tag in self.consumers:
+            raise connection_error(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'", m)
+        principal = self.conn.principal
+        if principal is not None and not principal.allowed("consume", queue):
+            raise channel_error(ACCESS_REFUSED, f"access to queue '{queue}' refused for user "
+                                f"'{principal.username or 'anonymous'}'", m)
+        found = await self._lookup(queue)
+        if found is None and not explicit:
+            # A bare name must exist (RabbitMQ); `$queue/<name>` may create an ephemeral queue (FluxMQ).
+            raise channel_error(NOT_FOUND, f"no queue '{queue}'", m)
+        args = dict(m.arguments or {})
+        group, position, auto = self._consume_options(args, m)
+        # Default group: the queue name, so the consumers of a queue share its messages (work
+        # queue, as in RabbitMQ) and a stream reader resumes from the same checkpoint.
+        group = group or queue
+        consumer = Consumer(tag, queue, "ephemeral" if found != "durable" else self.manager.queue_info(queue).kind,
+                            bool(m.no_ack))
+        if m.no_ack:
+            credit = None
+        elif self.prefetch:
+            credit = self.prefetch
+        elif self.global_prefetch:
+            credit = self.global_prefetch
+        else:
+            credit = None
+        self.consumers[tag] = consumer
+        try:
+            consumer.sub = await self.manager.subscribe(
+                queue, group, f"amqp:{self.conn.id}:{self.id}:{tag}",
+                on_delivery=lambda d, c=consumer: self._on_delivery(c, d),
+                filter=topic_filter, position=position, auto_commit=auto, credit=credit,
+                on_error=lambda exc, c=consumer: self._on_consumer_error(c, exc))
+        except (ValueError, TypeError) as exc:
+            self.consumers.pop(tag, None)
+            raise channel_error(PRECONDITION_FAILED, str(exc), m) from None
+        except FluxError as exc:
+            self.consumers.pop(tag, None)
+            raise _error_from_flux(exc, m) from None
+        consumer.kind = consumer.sub.kind
+        if not m.nowait:
+            self.conn.write(framing.method_frame(self.id, Basic.ConsumeOk(tag)))
+
+    async def _basic_cancel(self, m: Basic.Cancel) -> None:
+        consumer = self.consumers.pop(m.consumer_tag, None)
+        if consumer is not None:
+            self._held = deque(h for h in self._held if h[0] is not consumer)
+            if consumer.sub is not None:
+                await consumer.sub.close()
+        if not m.nowait:
+            self.conn.write(framing.method_frame(self.id, Basic.CancelOk(m.consumer_tag)))
+
+    async def _on_consumer_error(self, consumer: Consumer, exc: FluxError) -> None:
+        """The queue went away (or the subscription failed for good): tell the client."""
+        if self.consumers.get(consumer.tag) is not consumer or self.state != "open":
+            return
+        del self.consumers[consumer.tag]
+        log.info("amqp091 %s: consumer %s of %s ended: %s", self.conn.name, consumer.tag, consumer.queue, exc)
+        if self.conn.client_capability("consumer_cancel_notify"):
+            self.conn.write(framing.method_frame(self.id, Basic.Cancel(consumer.tag, True)))
+
+    def _on_delivery(self, consumer: Consumer, d: Delivery):
+        if self.state != "open" or self.consumers.get(consumer.tag) is not consumer:
+            if not consumer.no_ack and consumer.kind == "classic":
+                # Not handed out: give it back now rather than after the visibility timeout.
+                self._settle_op("nack", d.queue, d.group, d.partition, d.seq)
+            return None
+        if (self.global_prefetch and not consumer.no_ack and (self._held or
+                                                              len(self.unacked) >= self.global_prefetch)):
+            self._held.append((consumer, d))
+            return None
+        return self._send_delivery(consumer, d)
+
+    def _send_delivery(self, consumer: Consumer, d: Delivery):
+        self._delivery_tag += 1
+        tag = self._delivery_tag
+        props, exchange, rk = delivery_properties(d)
+        frames = (framing.method_frame(self.id, framing.build(Basic.Deliver, consumer.tag, tag, d.redelivered, exchange, rk))
+                  + framing.content_frames(self.id, props, d.payload, self.conn.frame_max))
+        if consumer.no_ack:
+            if consumer.kind != "ephemeral":
+                self._settle_op("ack", d.queue, d.group, d.partition, d.seq)
+        else:
+            self.unacked[tag] = Unacked(d.queue, d.group, d.partition, d.seq, consumer)
+        self.conn.write(frames)
+        if self.conn.write_buffer_size() > WRITE_HIGH_WATER:
+            return self.conn.drain_writes()   # awaited by the subscription: back-pressure
+        return None
+
+    def _release_held(self) -> None:
+        while self._held and self.state == "open" and (not self.global_prefetch
+                                                       or len(self.unacked) < self.global_prefetch):
+            consumer, d = self._held.popleft()
+            if self.consumers.get(consumer.tag) is consumer:
+                self._send_delivery(consumer, d)
+            elif consumer.kind == "classic":
+                self._settle_op("nack", d.queue, d.group, d.partition, d.seq)
+
+    async def _basic_get(self, m: Basic.Get) -> None:
+        queue, topic_filter, _explicit = self._queue_name(m.queue or "", m)
+        principal = self.conn.principal
+        if principal is not None and not principal.allowed("consume", queue):
+            raise channel_error(ACCESS_REFUSED, f"access to queue '{queue}' refused", m)
+        found = await self._lookup(queue)
+        if found is None:
+            raise channel_error(NOT_FOUND, f"no queue '{queue}'", m)
+        deliveries: list[Delivery] = []
+        if found == "durable":
+            info = self.manager.queue_info(queue)
+            try:
+                group = internal_group_name(queue, topic_filter)
+            except InvalidArgument as exc:
+                raise channel_error(PRECONDITION_FAILED, str(exc), m) from None
+            consumer = f"amqp:{self.conn.id}:{self.id}:get"
+            if info.kind == "classic":
+                deliveries = await classic_ops.claim(self.manager.pool, queue, group, consumer, 1)
+            else:
+                deliveries = await stream_ops.read(self.manager.pool, queue, group, consumer, 1)
+        if not deliveries:
+            self.conn.write(framing.method_frame(self.id, Basic.GetEmpty()))
+            return
+        d = deliveries[0]
+        self._delivery_tag += 1
+        tag = self._delivery_tag
+        props, exchange, rk = delivery_properties(d)
+        if m.no_ack:
+            self._settle_op("ack", d.queue, d.group, d.partition, d.seq)
+        else:
+            self.unacked[tag] = Unacked(d.queue, d.group, d.partition, d.seq, None)
+        # message-count (messages left) is not computed per get: reported as 0.
+        self.conn.write(framing.method_frame(self.id, framing.build(Basic.GetOk, tag, d.redelivered, exchange, rk, 0))
+                        + framing.content_frames(self.id, props, d.payload, self.conn.frame_max))
+
+    # ------------------------------------------------------------------ acknowledgements
+
+    def _take(self, delivery_tag: int, multiple: bool, m) -> list[Unacked]:
+        if multiple:
+            taken = []
+            for tag in list(self.unacked):
+                if delivery_tag and tag > delivery_tag:
+                    break
+                taken.append(self.unacked.pop(tag))
+            return taken
+        entry = self.unacked.pop(delivery_tag, None)
+        if entry is None:
+            raise channel_error(PRECONDITION_FAILED, f"unknown delivery tag {delivery_tag}", m)
+        return [entry]
+
+    def _settle_entries(self, verb: str, entries: list[Unacked]) -> None:
+        for e in entries:
+            if e.consumer is None or e.consumer.kind != "ephemeral":
+                self._settle_op(verb, e.queue, e.group, e.partition, e.seq)
+            if e.consumer is not None and e.consumer.sub is not None:
+                e.consumer.sub.grant(1)
+        self._release_held()
+
+    async def _basic_ack(self, m: Basic.Ack) -> None:
+        self._settle_entries("ack", self._take(m.delivery_tag, m.multiple, m))
+
+    async def _basic_nack(self, m: Basic.Nack) -> None:
+        self._settle_entries("nack" if m.requeue else "reject", self._take(m.delivery_tag, m.multiple, m))
+
+    async def _basic_reject(self, m: Basic.Reject) -> None:
+        self._settle_entries("nack" if m.requeue else "reject", self._take(m.delivery_tag, False, m))
+
+    async def _basic_recover(self, m) -> None:
+        # Redeliver everything unacknowledged (requeue=false is not supported by RabbitMQ either).
+        entries = list(self.unacked.values())
+        self.unacked.clear()
+        self._settle_entries("nack", entries)
+        if isinstance(m, Basic.Recover):
+            await self._flush_settle()
+            self.conn.write(framing.method_frame(self.id, Basic.RecoverOk()))
+
+    def _settle_op(self, verb: str, queue: str, group: str, partition: int, seq: int) -> None:
+        self._settle.append((verb, queue, group, partition, seq))
+        if self._settler is None or self._settler.done():
+            self._settler = self._spawn(self._settle_loop())
+
+    async def _flush_settle(self) -> None:
+        while self._settle or (self._settler is not None and not self._settler.done()):
+            if self._settler is None or self._settler.done():
+                self._settler = self._spawn(self._settle_loop())
+            try:
+                await asyncio.shield(self._settler)
+            except Exception:  # noqa: BLE001 - logged by the loop
+                pass
+
+    async def _settle_loop(self) -> None:
+        while self._settle:
+            ops, self._settle = self._settle, []
+            i = 0
+            while i < len(ops):
+                verb, queue, group, partition, _ = ops[i]
+                j = i
+                seqs = []
+                while j < len(ops) and ops[j][:4] == (verb, queue, group, partition):
+                    seqs.append(ops[j][4])
+                    j += 1
+                i = j
+                try:
+                    if verb == "ack":
+                        await self.manager.ack(queue, group, seqs, partition=partition)
+                    elif verb == "nack":
+                        await self.manager.nack(queue, group, seqs, partition=partition)
+                    else:
+                        await self.manager.reject(queue, group, seqs, "rejected by AMQP client",
+                                                  partition=partition)
+                except FluxError as exc:
+                    # The entries stay pending and come back after the visibility timeout.
+                    log.warning("amqp091 %s: %s of %s/%s %s failed: %s", self.conn.name, verb, queue, group,
+                                seqs[:5], exc)
+                except Exception:  # noqa: BLE001
+                    log.exception("amqp091 %s: %s of %s/%s failed", self.conn.name, verb, queue, group)
+
+
+_HANDLERS = {
+    Chan.Flow: Channel._channel_flow,
+    Chan.FlowOk: Channel._channel_flow_ok,
+    Chan.Close: Channel._channel_close,
+    Chan.CloseOk: Channel._channel_close_ok,
+    Exch.Declare: Channel._exchange_declare,
+    Exch.Delete: Channel._exchange_delete,
+    Exch.Bind: Channel._exchange_bind,
+    Exch.Unbind: Channel._exchange_unbind,
+    Queue.Declare: Channel._queue_declare,
+    Queue.Bind: Channel._queue_bind,
+    Queue.Unbind: Channel._queue_unbind,
+    Queue.Purge: Channel._queue_purge,
+    Queue.Delete: Channel._queue_delete,
+    Basic.Qos: Channel._basic_qos,
+    Basic.Consume: Channel._basic_consume,
+    Basic.Cancel: Channel._basic_cancel,
+    Basic.CancelOk: Channel._channel_flow_ok,   # answer to our server-initiated cancel: nothing to do
+    Basic.Publish: Channel._basic_publish,
+    Basic.Get: Channel._basic_get,
+    Basic.Ack: Channel._basic_ack,
+    Basic.Nack: Channel._basic_nack,
+    Basic.Reject: Channel._basic_reject,
+    Basic.Recover: Channel._basic_recover,
+    Basic.RecoverAsync: Channel._basic_recover,
+    Confirm.Select: Channel._confirm_select,
+    commands.Tx.Select: Channel._tx,
+    commands.Tx.Commit: Channel._tx,
+    commands.Tx.Rollback: Channel._tx,
+}
+
+__all__ = ["Channel", "Consumer", "CHANNEL_ERROR"]

@@ -1,0 +1,338 @@
+"""AMQP 0-9-1 connection: handshake (PLAIN), tuning, heartbeats, channel multiplexing, errors.
+
+`Connection` is the state machine: frames in (`handle_frame`), bytes out through a transport with
+`write(bytes)`. `handle()` at the bottom is the thin asyncio adapter the listener calls: it reads
+the socket, splits frames (framing.FrameDecoder) and feeds them in order — one ordered pipeline
+per connection (FACTS.md) — and sends/checks heartbeats.
+
+Errors follow the spec and RabbitMQ: a channel exception closes that channel only
+(channel.close with the reply code); a connection exception (bad frame 501, wrong-state method
+503, frame on a channel never opened 504, unexpected content frame 505, …) sends connection.close
+and waits briefly for close-ok; a failed login is connection.close 403 ACCESS_REFUSED
+(capability `authentication_failure_close`). Other connections are never affected.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from typing import Any
+
+from pamqp import commands
+
+from fluxpg.auth import AuthError, OpenAuthenticator
+from fluxpg.protocols.amqp091 import framing
+from fluxpg.protocols.amqp091.channel import Channel
+from fluxpg.protocols.amqp091.exchanges import ExchangeTable
+from fluxpg.protocols.amqp091.framing import (ACCESS_REFUSED, CHANNEL_ERROR, COMMAND_INVALID, CONNECTION_FORCED,
+                                              FRAME_ERROR, FRAME_HEARTBEAT, FRAME_METHOD, MIN_FRAME_MAX,
+                                              NOT_IMPLEMENTED, AMQPError, FrameError, connection_error)
+
+log = logging.getLogger("fluxpg.amqp091")
+
+Conn = commands.Connection
+
+SERVER_FRAME_MAX = 131072
+SERVER_CHANNEL_MAX = 2047
+SERVER_HEARTBEAT = 60
+HANDSHAKE_TIMEOUT = 10.0
+CLOSE_TIMEOUT = 3.0          # how long we wait for close-ok after sending connection.close
+VERSION = "0.1"
+
+SERVER_CAPABILITIES = {
+    "publisher_confirms": True,
+    "basic.nack": True,
+    "consumer_cancel_notify": True,
+    "exchange_exchange_bindings": True,
+    "connection.blocked": True,
+    "authentication_failure_close": True,
+    "per_consumer_qos": True,
+}
+
+_ids = itertools.count(1)
+
+
+class Connection:
+    def __init__(self, ctx: Any, transport: Any, peer: str = "?"):
+        self.ctx = ctx
+        self.transport = transport
+        self.id = next(_ids)
+        self.name = f"#{self.id} {peer}"
+        self.peer = peer
+        self.state = "start"     # start → tune → open-wait → open → closing → closed
+        self.frame_max = MIN_FRAME_MAX
+        self.channel_max = SERVER_CHANNEL_MAX
+        self.heartbeat = 0
+        self.principal = None
+        self.client_properties: dict[str, Any] = {}
+        self.channels: dict[int, Channel] = {}
+        self.exchanges = ExchangeTable()
+        self.ephemeral_declared: set[str] = set()
+        self.reserved_queues = {q.name for q in ctx.config.effective_queues() if q.reserved} \
+            if ctx.config is not None else set()
+        self.finished = False
+        self.close_deadline: float | None = None
+        loop = asyncio.get_running_loop()
+        self.last_sent = loop.time()
+
+    # ------------------------------------------------------------------ I/O helpers
+
+    def write(self, data: bytes) -> None:
+        if self.state == "closed" or self.transport.is_closing():
+            return
+        self.transport.write(data)
+        self.last_sent = asyncio.get_running_loop().time()
+
+    def write_buffer_size(self) -> int:
+        t = getattr(self.transport, "transport", None)
+        return t.get_write_buffer_size() if t is not None else 0
+
+    async def drain_writes(self) -> None:
+        try:
+            await self.transport.drain()
+        except (ConnectionError, RuntimeError):
+            pass
+
+    def client_capability(self, name: str) -> bool:
+        caps = self.client_properties.get("capabilities") or {}
+        return bool(caps.get(name)) if isinstance(caps, dict) else False
+
+    def drop_channel(self, channel_id: int) -> None:
+        self.channels.pop(channel_id, None)
+
+    # ------------------------------------------------------------------ handshake
+
+    def start(self) -> None:
+        props = {
+            "product": "fluxpg", "version": VERSION, "platform": "Python/asyncio",
+            "information": "fluxpg: a message broker whose log is PostgreSQL",
+            "capabilities": dict(SERVER_CAPABILITIES),
+        }
+        self.write(framing.method_frame(0, Conn.Start(0, 9, props, "PLAIN", "en_US")))
+
+    async def _start_ok(self, m: Conn.StartOk) -> None:
+        self.client_properties = dict(m.client_properties or {})
+        if m.mechanism != "PLAIN":
+            raise connection_error(ACCESS_REFUSED, f"unsupported authentication mechanism '{m.mechanism}' "
+                                   "(PLAIN is)", m)
+        response = m.response
+        if isinstance(response, str):
+            response = response.encode("utf-8", "surrogateescape")
+        parts = bytes(response).split(b"\x00")
+        if len(parts) != 3:
+            raise connection_error(ACCESS_REFUSED, "malformed PLAIN response", m)
+        user = parts[1].decode("utf-8", "replace")
+        password = parts[2].decode("utf-8", "replace")
+        auth = self.ctx.auth or OpenAuthenticator()
+        try:
+            self.principal = await auth.authenticate(user or None, password, protocol="amqp091", peer=self.peer)
+        except AuthError as exc:
+            log.info("amqp091 %s: login of %r refused: %s", self.name, user, exc)
+            raise connection_error(ACCESS_REFUSED, f"Login was refused using authentication mechanism PLAIN. "
+                                   f"For details see the broker logfile.", m) from None
+        self.state = "tune"
+        self.write(framing.method_frame(0, Conn.Tune(SERVER_CHANNEL_MAX, SERVER_FRAME_MAX, SERVER_HEARTBEAT)))
+
+    def _tune_ok(self, m: Conn.TuneOk) -> None:
+        frame_max = m.frame_max or SERVER_FRAME_MAX
+        if frame_max < MIN_FRAME_MAX or frame_max > SERVER_FRAME_MAX:
+            raise connection_error(FRAME_ERROR, f"frame_max {m.frame_max} outside {MIN_FRAME_MAX}..{SERVER_FRAME_MAX}", m)
+        self.frame_max = frame_max
+        self.channel_max = min(m.channel_max or SERVER_CHANNEL_MAX, SERVER_CHANNEL_MAX)
+        self.heartbeat = m.heartbeat or 0
+        self.state = "open-wait"
+
+    def _open(self, m: Conn.Open) -> None:
+        # Virtual hosts are not a fluxpg concept: every vhost name reaches the same broker.
+        self.state = "open"
+        self.write(framing.method_frame(0, Conn.OpenOk()))
+
+    # ------------------------------------------------------------------ frames
+
+    async def handle_frame(self, frame: framing.Frame) -> None:
+        try:
+            await self._handle_frame(frame)
+        except AMQPError as err:
+            if err.channel:   # a channel error escaped its channel (cannot happen on channel 0)
+                err = connection_error(err.code, err.text, err.method)
+            await self.close_with(err)
+        except FrameError as exc:
+            await self.close_with(connection_error(exc.code, str(exc)))
+
+    async def _handle_frame(self, frame: framing.Frame) -> None:
+        if self.state == "closing":
+            # We sent connection.close: only close-ok (or a crossing close) matters now.
+            if frame.channel == 0 and frame.type == FRAME_METHOD:
+                method = framing.decode_method(frame.payload)
+                if isinstance(method, Conn.Close):
+                    self.write(framing.method_frame(0, Conn.CloseOk()))
+                    self.finished = True
+                elif isinstance(method, Conn.CloseOk):
+                    self.finished = True
+            return
+        if frame.type == FRAME_HEARTBEAT:
+            if frame.channel != 0:
+                raise connection_error(FRAME_ERROR, f"heartbeat frame on channel {frame.channel}")
+            return
+        if frame.channel == 0:
+            if frame.type != FRAME_METHOD:
+                raise connection_error(COMMAND_INVALID, f"content frame (type {frame.type}) on channel 0")
+            return await self._connection_method(framing.decode_method(frame.payload))
+        if self.state != "open":
+            raise connection_error(COMMAND_INVALID, f"frame on channel {frame.channel} before the connection is open")
+        channel = self.channels.get(frame.channel)
+        if channel is None:
+            method = framing.decode_method(frame.payload) if frame.type == FRAME_METHOD else None
+            if not isinstance(method, commands.Channel.Open):
+                what = method.name if method is not None else f"a frame of type {frame.type}"
+                raise connection_error(CHANNEL_ERROR, f"expected 'channel.open' on channel {frame.channel}, got {what}",
+                                       method)
+            if frame.channel > self.channel_max:
+                raise connection_error(CHANNEL_ERROR, f"channel {frame.channel} is above channel_max "
+                                       f"{self.channel_max}", method)
+            self.channels[frame.channel] = Channel(self, frame.channel)
+            self.write(framing.method_frame(frame.channel, commands.Channel.OpenOk()))
+            return
+        if frame.type == FRAME_METHOD and frame.payload[:4] == b"\x00\x14\x00\x0a":   # channel.open again
+            raise connection_error(CHANNEL_ERROR, f"second 'channel.open' seen on channel {frame.channel}",
+                                   commands.Channel.Open)
+        await channel.handle_frame(frame)
+
+    async def _connection_method(self, m) -> None:
+        expected = {"start": Conn.StartOk, "tune": Conn.TuneOk, "open-wait": Conn.Open}.get(self.state)
+        if isinstance(m, Conn.Close):
+            self.write(framing.method_frame(0, Conn.CloseOk()))
+            await self._release_channels()
+            self.finished = True
+            return
+        if expected is not None:
+            if not isinstance(m, expected):
+                raise connection_error(COMMAND_INVALID, f"expected {expected.name}, got {m.name}", m)
+            if self.state == "start":
+                await self._start_ok(m)
+            elif self.state == "tune":
+                self._tune_ok(m)
+            else:
+                self._open(m)
+            return
+        if isinstance(m, Conn.CloseOk):
+            raise connection_error(COMMAND_INVALID, "connection.close-ok without connection.close", m)
+        if isinstance(m, Conn.UpdateSecret):
+            raise connection_error(NOT_IMPLEMENTED, "connection.update-secret is not supported", m)
+        raise connection_error(COMMAND_INVALID, f"{m.name} is not valid on channel 0 of an open connection", m)
+
+    # ------------------------------------------------------------------ closing
+
+    async def close_with(self, err: AMQPError) -> None:
+        """Send connection.close for a connection exception; wait for close-ok (adapter)."""
+        if self.state in ("closing", "closed"):
+            return
+        log.info("amqp091 %s: closing connection with %d %s", self.name, err.code, err.text)
+        class_id, method_id = err.ids
+        self.write(framing.method_frame(0, Conn.Close(err.code, err.reply_text, class_id, method_id)))
+        self.state = "closing"
+        self.close_deadline = asyncio.get_running_loop().time() + CLOSE_TIMEOUT
+        await self._release_channels()
+
+    async def _release_channels(self) -> None:
+        channels = list(self.channels.values())
+        self.channels.clear()
+        for ch in channels:
+            await ch.connection_lost()
+
+    async def shutdown(self) -> None:
+        """The socket is gone or the handler is ending: release everything."""
+        await self._release_channels()
+        self.state = "closed"
+
+
+class _Transport:
+    """The asyncio StreamWriter as the transport Connection writes to."""
+
+    def __init__(self, writer: asyncio.StreamWriter):
+        self.writer = writer
+        self.transport = writer.transport
+
+    def write(self, data: bytes) -> None:
+        self.writer.write(data)
+
+    def is_closing(self) -> bool:
+        return self.writer.is_closing()
+
+    async def drain(self) -> None:
+        await self.writer.drain()
+
+
+async def _heartbeats(conn: Connection) -> None:
+    """Send a heartbeat when nothing was sent for half the interval (RabbitMQ's rhythm)."""
+    loop = asyncio.get_running_loop()
+    while True:
+        interval = conn.heartbeat
+        if not interval or conn.state != "open":
+            await asyncio.sleep(1.0)
+            continue
+        await asyncio.sleep(interval / 2)
+        if loop.time() - conn.last_sent >= interval / 2 - 0.05:
+            conn.write(framing.heartbeat_frame())
+
+
+async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, initial: bytes, ctx: Any) -> None:
+    peername = writer.get_extra_info("peername")
+    peer = f"{peername[0]}:{peername[1]}" if isinstance(peername, tuple) else str(peername)
+    if initial[:8] != framing.PROTOCOL_HEADER:
+        writer.write(framing.PROTOCOL_HEADER)
+        await writer.drain()
+        return
+    conn = Connection(ctx, _Transport(writer), peer)
+    decoder = framing.FrameDecoder(SERVER_FRAME_MAX)
+    loop = asyncio.get_running_loop()
+    conn.start()
+    beat = asyncio.create_task(_heartbeats(conn), name=f"amqp091-heartbeat-{conn.id}")
+    try:
+        while not conn.finished:
+            if conn.state == "closing":
+                timeout = max(conn.close_deadline - loop.time(), 0.0)
+            elif conn.state != "open":
+                timeout = HANDSHAKE_TIMEOUT
+            elif conn.heartbeat:
+                timeout = 2 * conn.heartbeat   # two missed intervals: the peer is gone
+            else:
+                timeout = None
+            try:
+                data = await asyncio.wait_for(reader.read(65536), timeout)
+            except asyncio.TimeoutError:
+                if conn.state == "open":
+                    log.info("amqp091 %s: no traffic for %ss (2 heartbeat intervals): closing", conn.name, timeout)
+                elif conn.state != "closing":
+                    log.info("amqp091 %s: handshake timed out", conn.name)
+                break
+            if not data:
+                break
+            try:
+                frames = decoder.feed(data)
+            except FrameError as exc:
+                # The stream cannot be framed any more: say why, then hang up.
+                await conn.close_with(connection_error(exc.code, str(exc)))
+                await writer.drain()
+                break
+            decoder.max_frame = conn.frame_max if conn.state in ("open", "open-wait") else SERVER_FRAME_MAX
+            for frame in frames:
+                await conn.handle_frame(frame)
+                if conn.finished:
+                    break
+            if conn.state == "open":
+                await writer.drain()
+    except asyncio.CancelledError:
+        # Server shutdown: tell the client why, best effort.
+        if conn.state == "open":
+            conn.write(framing.method_frame(0, Conn.Close(CONNECTION_FORCED, "CONNECTION_FORCED - broker shutdown",
+                                                          0, 0)))
+        raise
+    except (ConnectionError, asyncio.IncompleteReadError):
+        pass
+    finally:
+        beat.cancel()
+        try:
+            await asyncio.shield(conn.shutdown())
+        except Exception:  # noqa: BLE001
+            log.exception("amqp091 %s: cleanup failed", conn.name)

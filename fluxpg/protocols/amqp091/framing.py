@@ -1,0 +1,254 @@
+"""AMQP 0-9-1 framing, sans-I/O: bytes in → frames out, frames → bytes.
+
+pamqp encodes and decodes the frame *payloads* (methods, content headers), but its
+`pamqp.frame.unmarshal` raises the same exception for "not all bytes are here yet" and "these bytes
+are garbage" (FACTS.md), which a stream reader cannot tell apart. So the stream is framed here:
+
+    type (1 byte) | channel (2) | size (4) | payload (size bytes) | frame-end 0xCE
+
+`FrameDecoder.feed()` buffers partial frames and returns only complete ones; a wrong frame-end
+byte, an unknown frame type or a frame larger than the negotiated frame-max is a `FrameError`
+(AMQP 501 FRAME_ERROR, a connection exception).
+
+Outgoing method frames are encoded without pamqp's client-side name validation: that pattern
+refuses `$` (`$queue/…`, `$dlq/…`), and the server must be able to echo the names clients use.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from pamqp import base, body, commands, constants, decode, encode, exceptions, header, heartbeat
+
+FRAME_METHOD = constants.FRAME_METHOD          # 1
+FRAME_HEADER = constants.FRAME_HEADER          # 2
+FRAME_BODY = constants.FRAME_BODY              # 3
+FRAME_HEARTBEAT = constants.FRAME_HEARTBEAT    # 8
+FRAME_END = constants.FRAME_END                # 0xCE
+FRAME_HEADER_SIZE = 7
+FRAME_OVERHEAD = FRAME_HEADER_SIZE + 1         # header + frame-end byte
+MIN_FRAME_MAX = 4096                           # spec: frame-min-size; valid before tune-ok
+
+PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
+
+_HEADER = struct.Struct(">BHI")
+_HEARTBEAT_BYTES = heartbeat.Heartbeat().marshal()
+
+# Reply codes (AMQP 0-9-1 spec, "Constants").
+REPLY_SUCCESS = 200
+CONTENT_TOO_LARGE = 311      # channel
+NO_ROUTE = 312               # basic.return
+NO_CONSUMERS = 313
+CONNECTION_FORCED = 320      # connection
+INVALID_PATH = 402
+ACCESS_REFUSED = 403         # channel (connection during the handshake)
+NOT_FOUND = 404              # channel
+RESOURCE_LOCKED = 405        # channel
+PRECONDITION_FAILED = 406    # channel
+FRAME_ERROR = 501            # connection
+SYNTAX_ERROR = 502
+COMMAND_INVALID = 503
+CHANNEL_ERROR = 504
+UNEXPECTED_FRAME = 505
+RESOURCE_ERROR = 506
+NOT_ALLOWED = 530
+NOT_IMPLEMENTED = 540
+INTERNAL_ERROR = 541
+
+REPLY_TEXT = {
+    200: "OK", 311: "CONTENT_TOO_LARGE", 312: "NO_ROUTE", 313: "NO_CONSUMERS",
+    320: "CONNECTION_FORCED", 402: "INVALID_PATH", 403: "ACCESS_REFUSED", 404: "NOT_FOUND",
+    405: "RESOURCE_LOCKED", 406: "PRECONDITION_FAILED", 501: "FRAME_ERROR", 502: "SYNTAX_ERROR",
+    503: "COMMAND_INVALID", 504: "CHANNEL_ERROR", 505: "UNEXPECTED_FRAME", 506: "RESOURCE_ERROR",
+    530: "NOT_ALLOWED", 540: "NOT_IMPLEMENTED", 541: "INTERNAL_ERROR",
+}
+
+
+class FrameError(Exception):
+    """The byte stream is not AMQP 0-9-1 framing (501 FRAME_ERROR or, for a method we do not
+    know, 540 NOT_IMPLEMENTED)."""
+
+    def __init__(self, text: str, code: int = FRAME_ERROR):
+        super().__init__(text)
+        self.code = code
+
+
+class AMQPError(Exception):
+    """An AMQP exception to report with channel.close (channel=True) or connection.close.
+
+    `method` is the pamqp method class that caused it (its class and method ids go in the close).
+    """
+
+    def __init__(self, code: int, text: str, method: type[base.Frame] | base.Frame | None = None,
+                 *, channel: bool):
+        super().__init__(text)
+        self.code = code
+        self.text = text
+        self.method = method
+        self.channel = channel
+
+    @property
+    def reply_text(self) -> str:
+        # RabbitMQ's form, which clients show to users: "NOT_FOUND - no queue 'x'".
+        text = f"{REPLY_TEXT.get(self.code, 'ERROR')} - {self.text}"
+        return text[:255]  # a shortstr
+
+    @property
+    def ids(self) -> tuple[int, int]:
+        if self.method is None:
+            return 0, 0
+        index = self.method.index
+        return index >> 16, index & 0xFFFF
+
+
+def channel_error(code: int, text: str, method=None) -> AMQPError:
+    return AMQPError(code, text, method, channel=True)
+
+
+def connection_error(code: int, text: str, method=None) -> AMQPError:
+    return AMQPError(code, text, method, channel=False)
+
+
+@dataclass(slots=True)
+class Frame:
+    type: int
+    channel: int
+    payload: bytes
+
+
+class FrameDecoder:
+    """Incremental frame splitter. `max_frame` is the largest whole frame accepted (frame-max)."""
+
+    def __init__(self, max_frame: int = 131072):
+        self.max_frame = max_frame
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[Frame]:
+        """Add bytes; return the complete frames now available (possibly none)."""
+        if data:
+            self._buf += data
+        frames: list[Frame] = []
+        buf = self._buf
+        pos = 0
+        n = len(buf)
+        while n - pos >= FRAME_HEADER_SIZE:
+            ftype, channel, size = _HEADER.unpack_from(buf, pos)
+            if ftype not in (FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT):
+                del buf[:pos]
+                raise FrameError(f"unknown frame type {ftype}")
+            total = FRAME_OVERHEAD + size
+            if self.max_frame and total > self.max_frame:
+                del buf[:pos]
+                raise FrameError(f"frame of {total} bytes exceeds the negotiated frame-max {self.max_frame}")
+            if n - pos < total:
+                break
+            if buf[pos + total - 1] != FRAME_END:
+                del buf[:pos]
+                raise FrameError(f"frame-end byte is 0x{buf[pos + total - 1]:02x}, not 0xCE")
+            frames.append(Frame(ftype, channel, bytes(buf[pos + FRAME_HEADER_SIZE:pos + total - 1])))
+            pos += total
+        if pos:
+            del buf[:pos]
+        return frames
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf)
+
+
+# --------------------------------------------------------------------------- payload decoding
+
+
+def decode_method(payload: bytes) -> base.Frame:
+    """A method frame's payload → pamqp method object. Raises FrameError."""
+    if len(payload) < 4:
+        raise FrameError("method frame shorter than its class and method ids")
+    _, index = decode.long_int(payload[:4])
+    cls = commands.INDEX_MAPPING.get(index)
+    if cls is None:
+        raise FrameError(f"unknown method (class {index >> 16}, method {index & 0xFFFF})", NOT_IMPLEMENTED)
+    method = cls.__new__(cls)   # no __init__: it validates defaults we are about to overwrite
+    try:
+        method.unmarshal(payload[4:])
+    except (struct.error, ValueError, TypeError, IndexError, exceptions.UnmarshalingException) as exc:
+        raise FrameError(f"malformed {cls.name}: {exc}") from None
+    return method
+
+
+def decode_content_header(payload: bytes) -> header.ContentHeader:
+    ch = header.ContentHeader()
+    try:
+        ch.unmarshal(payload)
+    except (struct.error, ValueError, TypeError, IndexError, exceptions.UnmarshalingException) as exc:
+        raise FrameError(f"malformed content header: {exc}") from None
+    return ch
+
+
+# --------------------------------------------------------------------------- encoding
+
+
+def _frame(ftype: int, channel: int, payload: bytes) -> bytes:
+    return _HEADER.pack(ftype, channel, len(payload)) + payload + b"\xce"
+
+
+def _method_payload(method: base.Frame) -> bytes:
+    """pamqp's Frame.marshal without its validate() call (see the module docstring)."""
+    byte, offset, output, processing_bitset = -1, 0, [], False
+    for argument in method.__slots__:
+        data_type = method.amqp_type(argument)
+        if not processing_bitset and data_type == "bit":
+            byte, offset, processing_bitset = 0, 0, True
+        value = getattr(method, argument, 0)
+        if processing_bitset:
+            if data_type != "bit":
+                processing_bitset = False
+                output.append(encode.octet(byte))
+            else:
+                byte = encode.bit(value, byte, offset)
+                offset += 1
+                if offset == 8:
+                    output.append(encode.octet(byte))
+                    processing_bitset = False
+                continue
+        output.append(encode.by_type(value, data_type))
+    if processing_bitset:
+        output.append(encode.octet(byte))
+    return struct.pack(">I", method.index) + b"".join(output)
+
+
+def build(cls: type[base.Frame], *args) -> base.Frame:
+    """A method object from positional arguments, without pamqp's name validation (which
+    refuses e.g. `$` in queue and exchange names the server must be able to echo)."""
+    obj = cls.__new__(cls)
+    slots = cls.__slots__
+    for i, slot in enumerate(slots):
+        setattr(obj, slot, args[i] if i < len(args) else None)
+    return obj
+
+
+def method_frame(channel: int, method: base.Frame) -> bytes:
+    return _frame(FRAME_METHOD, channel, _method_payload(method))
+
+
+def content_frames(channel: int, properties: commands.Basic.Properties, payload: bytes,
+                   frame_max: int) -> bytes:
+    """Content header + body frames, bodies split so no frame exceeds frame_max."""
+    ch = header.ContentHeader(0, len(payload), properties)
+    out = [_frame(FRAME_HEADER, channel, ch.marshal())]
+    if payload:
+        chunk = max(frame_max - FRAME_OVERHEAD, 1) if frame_max else len(payload)
+        view = memoryview(payload)
+        for start in range(0, len(payload), chunk):
+            out.append(_frame(FRAME_BODY, channel, bytes(view[start:start + chunk])))
+    return b"".join(out)
+
+
+def heartbeat_frame() -> bytes:
+    return _HEARTBEAT_BYTES
+
+
+__all__ = [
+    "AMQPError", "Frame", "FrameDecoder", "FrameError", "PROTOCOL_HEADER", "body", "channel_error",
+    "connection_error", "content_frames", "decode_content_header", "decode_method", "heartbeat_frame",
+    "method_frame",
+]

@@ -1,0 +1,195 @@
+"""AMQP 0-9-1 basic properties ↔ the message headers JSON stored in the log (pure, no I/O).
+
+Key layout (one flat JSON object per message, so MQTT and AMQP 1.0 consumers see the same keys):
+
+* the AMQP `headers` table: its entries at the top level, as they are (`{"x-tenant": "acme"}`);
+* properties every protocol shares, under their common names: `content-type`,
+  `content-encoding`, `correlation-id`, `reply-to` (the MQTT front-end stores MQTT 5's
+  content type as `content-type` too);
+* the other AMQP basic properties under reserved `x-amqp-` keys: `x-amqp-message-id`,
+  `x-amqp-delivery-mode`, `x-amqp-priority`, `x-amqp-expiration`, `x-amqp-timestamp` (unix
+  seconds), `x-amqp-type`, `x-amqp-user-id`, `x-amqp-app-id` — `message-id` itself is the
+  broker's `<queue>:<offset>` delivery property (DESIGN §4), so the publisher's message id cannot
+  live there;
+* where the message came from: `x-amqp-exchange`, `x-amqp-routing-key` (what basic.deliver
+  reports back, as RabbitMQ does).
+
+On delivery the properties are rebuilt from those keys, every remaining key goes into the AMQP
+headers table, and the DESIGN §4 delivery properties (`message-id`, `group-id`, `queue`, `offset`,
+stream offsets …) are added to the table, overriding a publisher header of the same name. The AMQP
+`message-id` property is the publisher's when it set one, else the broker's `<queue>:<offset>`.
+
+JSON cannot hold every AMQP field type: byte strings become text (UTF-8, invalid bytes
+backslash-escaped), decimals become text, timestamps ISO 8601 text; integers, floats, booleans,
+strings, nested tables and arrays survive as they are.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import decimal
+from typing import Any
+
+from pamqp import commands
+
+from fluxpg.queues.types import Delivery
+
+Properties = commands.Basic.Properties
+
+# property attribute (pamqp) → stored header key
+_SHARED = {
+    "content_type": "content-type",
+    "content_encoding": "content-encoding",
+    "correlation_id": "correlation-id",
+    "reply_to": "reply-to",
+}
+_RESERVED = {
+    "message_id": "x-amqp-message-id",
+    "delivery_mode": "x-amqp-delivery-mode",
+    "priority": "x-amqp-priority",
+    "expiration": "x-amqp-expiration",
+    "timestamp": "x-amqp-timestamp",
+    "message_type": "x-amqp-type",
+    "user_id": "x-amqp-user-id",
+    "app_id": "x-amqp-app-id",
+}
+EXCHANGE_KEY = "x-amqp-exchange"
+ROUTING_KEY_KEY = "x-amqp-routing-key"
+_PROPERTY_KEYS = frozenset(_SHARED.values()) | frozenset(_RESERVED.values()) | {EXCHANGE_KEY, ROUTING_KEY_KEY}
+# Names other front-ends may have used for the same thing (MQTT 5 response topic / correlation data).
+_ALIASES = {"reply_to": ("response-topic",), "correlation_id": ("correlation-data",)}
+
+
+def json_safe(value: Any) -> Any:
+    """An AMQP field value as something json.dumps takes (see the module docstring)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).decode("utf-8", "backslashreplace")
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    if isinstance(value, _dt.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=_dt.timezone.utc)
+        return value.isoformat()
+    if isinstance(value, dict):
+        return {str(json_safe(k)): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return str(value)
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", "backslashreplace")
+    return str(value)
+
+
+def headers_from_properties(props: Properties | None, exchange: str, routing_key: str) -> dict[str, Any]:
+    """What to store for a published message (see the module docstring)."""
+    out: dict[str, Any] = {}
+    if props is not None:
+        table = getattr(props, "headers", None)
+        if table:
+            for key, value in table.items():
+                out[_text(key) or ""] = json_safe(value)
+        for attr, key in _SHARED.items():
+            value = getattr(props, attr, None)
+            if value not in (None, ""):
+                out[key] = _text(value)
+        for attr, key in _RESERVED.items():
+            value = getattr(props, attr, None)
+            if value in (None, ""):
+                continue
+            if attr == "timestamp":
+                if isinstance(value, _dt.datetime):
+                    if value.tzinfo is None:
+                        value = value.replace(tzinfo=_dt.timezone.utc)
+                    value = int(value.timestamp())
+                out[key] = value
+            elif attr in ("delivery_mode", "priority"):
+                out[key] = int(value)
+            else:
+                out[key] = _text(value)
+    if exchange:
+        out[EXCHANGE_KEY] = exchange
+    out[ROUTING_KEY_KEY] = routing_key
+    return out
+
+
+def _int(value: Any, low: int, high: int) -> int | None:
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        return None
+    return n if low <= n <= high else None
+
+
+def _shortstr(value: Any) -> str | None:
+    text = _text(value)
+    if text is None:
+        return None
+    # A shortstr holds at most 255 bytes; a longer value (from another protocol) is cut, not fatal.
+    raw = text.encode("utf-8")
+    if len(raw) > 255:
+        text = raw[:255].decode("utf-8", "ignore")
+    return text
+
+
+def _table_value(value: Any) -> Any:
+    """A stored JSON value as an AMQP field value pamqp can encode."""
+    if isinstance(value, dict):
+        return {str(k): _table_value(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_table_value(v) for v in value]
+    if isinstance(value, int) and not isinstance(value, bool) and not -(2 ** 63) <= value < 2 ** 63:
+        return str(value)
+    return value
+
+
+def delivery_properties(delivery: Delivery) -> tuple[Properties, str, str]:
+    """(basic properties, exchange, routing key) for delivering a stored message."""
+    stored = delivery.headers or {}
+    kwargs: dict[str, Any] = {}
+    for attr, key in _SHARED.items():
+        value = stored.get(key)
+        if value is None:
+            for alias in _ALIASES.get(attr, ()):
+                if stored.get(alias) is not None:
+                    value = stored[alias]
+                    break
+        if value is not None:
+            kwargs[attr] = _shortstr(value)
+    for attr, key in _RESERVED.items():
+        value = stored.get(key)
+        if value is None:
+            continue
+        if attr == "timestamp":
+            n = _int(value, 0, 2 ** 63 - 1)
+            if n is not None:
+                kwargs[attr] = _dt.datetime.fromtimestamp(n, _dt.timezone.utc)
+        elif attr == "delivery_mode":
+            n = _int(value, 1, 2)
+            if n is not None:
+                kwargs[attr] = n
+        elif attr == "priority":
+            n = _int(value, 0, 255)
+            if n is not None:
+                kwargs[attr] = n
+        else:
+            kwargs[attr] = _shortstr(value)
+    table = {k: _table_value(v) for k, v in stored.items() if k not in _PROPERTY_KEYS}
+    table.update(delivery.properties())
+    kwargs["headers"] = table
+    kwargs.setdefault("message_id", delivery.message_id)
+    exchange = stored.get(EXCHANGE_KEY) or ""
+    routing_key = stored.get(ROUTING_KEY_KEY)
+    if routing_key is None:
+        # Published by another protocol: the topic is what a default-exchange publish would use.
+        routing_key = delivery.topic
+    props = Properties.__new__(Properties)
+    for slot in Properties.__slots__:
+        setattr(props, slot, kwargs.get(slot))
+    props.cluster_id = ""
+    return props, _shortstr(exchange) or "", _shortstr(routing_key) or ""

@@ -653,12 +653,8 @@ class Connection:
         loop = asyncio.get_running_loop()
         reader = self.reader
         decoder = self.decoder
+        # Bytes that came with the CONNECT may already hold further packets: decode before reading.
         while not self.closing:
-            data = await reader.read(65536)
-            if not data or self.closing:
-                return
-            self.last_rx = loop.time()
-            decoder.feed(data)
             while not self.closing:
                 pkt = decoder.next_packet()
                 if pkt is None:
@@ -671,6 +667,13 @@ class Connection:
                     await result
             if self.transport.get_write_buffer_size() > 65536:
                 await self.writer.drain()
+            if self.closing:
+                return
+            data = await reader.read(65536)
+            if not data or self.closing:
+                return
+            self.last_rx = loop.time()
+            decoder.feed(data)
 
     async def _watch_keep_alive(self) -> None:
         loop = asyncio.get_running_loop()

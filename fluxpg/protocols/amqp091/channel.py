@@ -575,13 +575,17 @@ class Channel:
     def _routable(self, topic: str) -> bool:
         """Does a default-exchange topic reach a queue that exists (not only the reserved
         catch-all queue, and not an ephemeral queue nobody declared)?"""
-        reserved = self.conn.reserved_queues
-        if any(q.name not in reserved for q in self.manager.route(topic)):
-            return True
         try:
-            return parse_queue_topic(topic).queue in self.manager.ephemeral.queues
+            named = parse_queue_topic(topic).queue
         except InvalidArgument:
             return False
+        if self.manager.queue_info(named) is not None or named in self.manager.ephemeral.queues:
+            return True
+        # Another queue bound to this topic by its own patterns counts, a catch-all does not
+        # (the reserved `mqtt` queue on `$queue/#` would otherwise make everything routable).
+        reserved = self.conn.reserved_queues
+        return any(q.name not in reserved and f"{QUEUE_PREFIX}#" not in q.topics and "#" not in q.topics
+                   for q in self.manager.route(topic))
 
     async def _control(self, queue: str, verb: str, props, m) -> None:
         """`$queue/<q>/$commit` (stream checkpoint) and `$ack|$nack|$reject` published to the

@@ -323,11 +323,12 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ini
             if conn.state == "open":
                 await writer.drain()
     except asyncio.CancelledError:
-        # Server shutdown: tell the client why, best effort.
+        # Server shutdown (Server.close cancels connection tasks): tell the client why, best
+        # effort, and end normally — the connection is over either way, and a cancelled task
+        # here makes asyncio's stream callback log a spurious error.
         if conn.state == "open":
             conn.write(framing.method_frame(0, Conn.Close(CONNECTION_FORCED, "CONNECTION_FORCED - broker shutdown",
                                                           0, 0)))
-        raise
     except (ConnectionError, asyncio.IncompleteReadError):
         pass
     finally:

@@ -472,3 +472,349 @@ def test_outbound_topic_alias_on_the_wire(server):
     assert pkts[1].topic == "" and pkts[1].properties.topic_alias == 1 and pkts[1].payload == b"2"
     s.close()
     pub.close()
+
+
+# ============================================================================== $queue/ topics
+
+
+def classic(name: str, **kw) -> QueueConfig:
+    return QueueConfig(name=name, type="classic", retry={"initial_backoff": "100ms", "max_backoff": "1s"}, **kw)
+
+
+def wait_until(fn, timeout: float = TIMEOUT, interval: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = fn()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s (last value {value!r})")
+        time.sleep(interval)
+
+
+def group_row(server, queue: str, grp: str) -> dict | None:
+    rows = server.call(server.manager.group_status(queue))
+    return next((r for r in rows if r["grp"] == grp), None)
+
+
+def test_queue_publish_consume_ack_moves_committed(threaded_broker, qname):
+    server = threaded_broker(queues=[classic(qname)])
+    port = server.port("mqtt")
+    pub = Paho(port)
+    for i in range(3):
+        assert pub.publish(f"$queue/{qname}/orders/eu", f"o{i}".encode(), qos=1, props=pub_props(k=i)) == 0
+    sub = Paho(port)
+    assert sub.subscribe(f"$queue/{qname}/orders/#", qos=1, props=user_props(consumer_group="workers"))[0] == 1
+    got = [sub.get() for _ in range(3)]
+    assert [m.payload for m in got] == [b"o0", b"o1", b"o2"]
+    props = [msg_props(m) for m in got]
+    assert [p["message-id"] for p in props] == [f"{qname}:0", f"{qname}:1", f"{qname}:2"]
+    assert {p["group-id"] for p in props} == {"workers@orders/#"}
+    assert props[0]["queue"] == qname and props[0]["offset"] == "0" and props[0]["k"] == "0"
+    row = group_row(server, qname, "workers@orders/#")
+    assert row["pending"] == 3 and row["committed"] == 0
+    for p in props:
+        rc = sub.publish(f"$queue/{qname}/$ack", b"", qos=1,
+                         props=pub_props(message_id=p["message-id"], group_id=p["group-id"]))
+        assert rc == 0
+    row = group_row(server, qname, "workers@orders/#")
+    assert row["pending"] == 0 and row["committed"] == 3
+    # Unknown ids are a success (a documented no-op); a malformed one is 0x83.
+    assert sub.publish(f"$queue/{qname}/$ack", qos=1,
+                       props=pub_props(message_id=f"{qname}:999", group_id="workers@orders/#")) == 0
+    assert sub.publish(f"$queue/{qname}/$ack", qos=1, props=pub_props(message_id="nonsense")) == 0x83
+    pub.close()
+    sub.close()
+
+
+def test_queue_nack_redelivers_and_reject_dead_letters(threaded_broker, qname):
+    server = threaded_broker(queues=[classic(qname)])
+    port = server.port("mqtt")
+    c = Paho(port)
+    c.subscribe(f"$queue/{qname}", qos=1, props=user_props(consumer_group="g"))
+    c.publish(f"$queue/{qname}", b"retry me", qos=1)
+    first = msg_props(c.get())
+    assert c.publish(f"$queue/{qname}/$nack", qos=1,
+                     props=pub_props(message_id=first["message-id"], group_id=first["group-id"])) == 0
+    again = c.get(5)   # after the 100 ms backoff (the engine polls classic queues every second)
+    assert msg_props(again)["message-id"] == first["message-id"] and again.payload == b"retry me"
+    assert c.publish(f"$queue/{qname}/$reject", qos=1,
+                     props=pub_props(message_id=first["message-id"], group_id="g", reason="bad")) == 0
+    stats = {r["queue"]: r for r in server.call(server.manager.queue_stats())}
+    assert stats[f"$dlq/{qname}"]["depth"] == 1
+    assert group_row(server, qname, "g")["pending"] == 0
+    c.close()
+
+
+def test_v311_puback_acknowledges_queue_delivery(threaded_broker, qname):
+    server = threaded_broker(queues=[classic(qname)])
+    port = server.port("mqtt")
+    pub = Paho(port, version=V311)
+    for i in range(4):
+        pub.publish(f"$queue/{qname}/jobs", str(i).encode(), qos=1)
+    # 3.1.1: the group is the client-id prefix before the first '-'.
+    sub = Paho(port, "billing-7", version=V311)
+    sub.subscribe(f"$queue/{qname}/#", qos=1)
+    assert [sub.get().payload for _ in range(4)] == [b"0", b"1", b"2", b"3"]
+    row = wait_until(lambda: (r := group_row(server, qname, "billing@#")) and r["committed"] == 4 and r)
+    assert row["pending"] == 0
+    pub.close()
+    sub.close()
+
+
+def test_receive_maximum_bounds_in_flight_queue_deliveries(threaded_broker, qname):
+    server = threaded_broker(queues=[classic(qname)])
+    port = server.port("mqtt")
+    pub = Paho(port)
+    for i in range(5):
+        pub.publish(f"$queue/{qname}", str(i).encode(), qos=1)
+    cp = PahoProps(PacketTypes.CONNECT)
+    cp.ReceiveMaximum = 2
+    sub = Paho(port, props=cp, manual_ack=True)
+    sub.subscribe(f"$queue/{qname}", qos=1, props=user_props(consumer_group="slow"))
+    first = [sub.get(), sub.get()]
+    sub.nothing(0.8)    # two unacknowledged: the window is full
+    sub.c.ack(first[0].mid, first[0].qos)
+    third = sub.get()
+    assert third.payload == b"2"
+    sub.nothing(0.5)
+    pub.close()
+    sub.close()
+
+
+def test_qos0_subscription_to_classic_queue_refused(threaded_broker, qname):
+    server = threaded_broker(queues=[classic(qname)])
+    c = Paho(server.port("mqtt"))
+    assert c.subscribe(f"$queue/{qname}/#", qos=0)[0] == 0x80
+    v3 = Paho(server.port("mqtt"), version=V311)
+    assert v3.subscribe(f"$queue/{qname}/#", qos=0)[0] == 0x80
+    c.close()
+    v3.close()
+
+
+def test_stream_subscribe_with_offset_first_replays(threaded_broker, qname):
+    server = threaded_broker(queues=[QueueConfig(name=qname, type="stream")])
+    port = server.port("mqtt")
+    pub = Paho(port)
+    for i in range(3):
+        pub.publish(f"$queue/{qname}/ev", str(i).encode(), qos=1)
+    a = Paho(port)
+    a.subscribe(f"$queue/{qname}/#", qos=1, props=user_props(consumer_group="replay", x_stream_offset="first"))
+    got = [a.get() for _ in range(3)]
+    assert [m.payload for m in got] == [b"0", b"1", b"2"]
+    assert [msg_props(m)["x-stream-offset"] for m in got] == ["0", "1", "2"]
+    assert "x-stream-timestamp" in msg_props(got[0])
+    b = Paho(port)
+    b.subscribe(f"$queue/{qname}/#", qos=1, props=user_props(consumer_group="tail", x_stream_offset="last"))
+    b.nothing(0.5)
+    pub.publish(f"$queue/{qname}/ev", b"3", qos=1)
+    assert b.get().payload == b"3"
+    assert a.get().payload == b"3"
+    for c in (pub, a, b):
+        c.close()
+
+
+def test_queue_publish_failures_get_reason_codes_or_close(threaded_broker, qname):
+    server = threaded_broker(queues=[classic(qname, limits={"max_message_size": 100})])
+    port = server.port("mqtt")
+    c = Paho(port)
+    assert c.publish(f"$queue/{qname}", b"x" * 200, qos=1) == 0x97
+    assert c.publish(f"$queue/{qname}", b"small", qos=1) == 0     # the connection goes on
+    v3 = Paho(port, version=V311)
+    v3.publish(f"$queue/{qname}", b"x" * 200, qos=1, wait=False)
+    assert v3.disconnected.wait(TIMEOUT)   # 3.1.1 cannot be told: closed, not PUBACKed
+    c.close()
+    v3.c.loop_stop()
+
+
+def test_pipelined_queue_publishes_keep_order(threaded_broker, qname):
+    server = threaded_broker(queues=[classic(qname)])
+    port = server.port("mqtt")
+    pub = Paho(port)
+    infos = [pub.publish(f"$queue/{qname}", str(i).encode(), qos=1, wait=False) for i in range(200)]
+    for info in infos:
+        info.wait_for_publish(TIMEOUT)
+    sub = Paho(port)
+    sub.subscribe(f"$queue/{qname}", qos=1, props=user_props(consumer_group="order"))
+    got = [int(sub.get().payload) for _ in range(200)]
+    assert got == list(range(200))
+    pub.close()
+    sub.close()
+
+
+# ============================================================================== two nodes
+
+
+def test_two_nodes_share_pubsub_and_retained(threaded_broker):
+    a = threaded_broker()
+    b = threaded_broker()
+    topic = f"multi/{uid()}"
+    sub_b = Paho(b.port("mqtt"))
+    sub_b.subscribe(f"{topic}/#", qos=1)
+    pub_a = Paho(a.port("mqtt"))
+    assert pub_a.publish(f"{topic}/x", b"from a", qos=1) == 0
+    m = sub_b.get()
+    assert (m.topic, m.payload, m.qos) == (f"{topic}/x", b"from a", 1)
+    assert pub_a.publish(f"{topic}/ret", b"kept", qos=1, retain=True) == 0
+    assert sub_b.get().payload == b"kept"
+    late_b = Paho(b.port("mqtt"))
+    late_b.subscribe(f"{topic}/ret", qos=1)
+    m = late_b.get()
+    assert (m.payload, m.retain) == (b"kept", True)
+    # and back: B → A
+    sub_a = Paho(a.port("mqtt"))
+    sub_a.subscribe(topic + "/back", qos=2)
+    Paho(b.port("mqtt")).publish(topic + "/back", b"from b", qos=2)
+    assert sub_a.get().payload == b"from b"
+    for c in (sub_b, pub_a, late_b, sub_a):
+        c.close()
+
+
+# ============================================================================== bad input
+
+
+class Raw:
+    def __init__(self, port: int, version: int = 5):
+        self.s = socket.create_connection(("127.0.0.1", port))
+        self.s.settimeout(5)
+        self.version = version
+        self.dec = Decoder(version=version)
+
+    def send(self, data: bytes):
+        self.s.sendall(data)
+
+    def connect(self, **kw):
+        self.send(encode(Connect(uid(), **kw), self.version))
+        pkt = self.next()
+        assert isinstance(pkt, Connack) and pkt.reason_code == 0
+        return pkt
+
+    def next(self):
+        """The next packet, or None when the server closed the connection."""
+        while True:
+            pkt = self.dec.next_packet()
+            if pkt is not None:
+                return pkt
+            try:
+                data = self.s.recv(65536)
+            except ConnectionResetError:
+                return None
+            if not data:
+                return None
+            self.dec.feed(data)
+
+
+def assert_alive(server):
+    c = Paho(server.port("mqtt"))
+    topic = f"alive/{uid()}"
+    c.subscribe(topic, qos=1)
+    c.publish(topic, b"ok", qos=1)
+    assert c.get().payload == b"ok"
+    c.close()
+
+
+def test_bad_input_gets_reason_codes_and_others_keep_working(server):
+    port = server.port("mqtt")
+    bystander = Paho(port)
+    bystander.subscribe("bystander/#", qos=1)
+    # garbage after a valid CONNECT: reserved packet type 0 → DISCONNECT 0x81 malformed packet
+    r = Raw(port)
+    r.connect()
+    r.send(b"\x00\x00garbage")
+    pkt = r.next()
+    assert isinstance(pkt, Disconnect) and pkt.reason_code == 0x81
+    assert r.next() is None
+    # a second CONNECT → 0x82 protocol error
+    r = Raw(port)
+    r.connect()
+    r.send(encode(Connect(uid()), 5))
+    pkt = r.next()
+    assert isinstance(pkt, Disconnect) and pkt.reason_code == 0x82
+    # 3.1.1 gets no DISCONNECT: the connection is closed
+    r = Raw(port, version=4)
+    r.connect()
+    r.send(b"\xff\xff\xff\xff\xff\xff")
+    assert r.next() is None
+    # garbage in place of the CONNECT body: closed
+    s = socket.create_connection(("127.0.0.1", port))
+    s.settimeout(5)
+    s.sendall(b"\x10\x05\x00\x01zzzz")   # protocol name "z", level 'z': not MQTT
+    assert s.recv(100) == b"\x20\x02\x00\x01"   # CONNACK unacceptable protocol version
+    assert s.recv(100) == b""
+    s.close()
+    # PUBREL for an id we never saw → PUBCOMP 0x92
+    r = Raw(port)
+    r.connect()
+    from fluxpg.protocols.mqtt.codec import Pubcomp, Pubrel
+    r.send(encode(Pubrel(77), 5))
+    pkt = r.next()
+    assert isinstance(pkt, Pubcomp) and pkt.packet_id == 77 and pkt.reason_code == 0x92
+    # unsupported protocol level → CONNACK 0x01 (3.1.1 format)
+    s = socket.create_connection(("127.0.0.1", port))
+    s.settimeout(5)
+    s.sendall(b"\x10\x0c\x00\x04MQTT\x07\x02\x00\x3c\x00\x00")
+    assert s.recv(100) == b"\x20\x02\x00\x01"
+    s.close()
+    bystander.publish("bystander/x", b"still here", qos=1)
+    assert bystander.get().payload == b"still here"
+    assert_alive(server)
+    bystander.close()
+
+
+def test_oversize_packet_is_refused_with_0x95(threaded_broker):
+    server = threaded_broker()
+    server.server.ctx.state["mqtt.options"] = MqttOptions(max_packet_size=1024)
+    port = server.port("mqtt")
+    r = Raw(port)
+    ack = r.connect()
+    assert ack.properties.maximum_packet_size == 1024
+    r.send(encode(Publish("big", b"x" * 2000, 1, packet_id=1), 5))
+    pkt = r.next()
+    assert isinstance(pkt, Disconnect) and pkt.reason_code == 0x95
+    assert_alive(server)
+
+
+def test_receive_maximum_exceeded_inbound(threaded_broker):
+    server = threaded_broker()
+    server.server.ctx.state["mqtt.options"] = MqttOptions(receive_maximum=2)
+    r = Raw(server.port("mqtt"))
+    r.connect()
+    # QoS 2 publishes without PUBREL stay unacknowledged: the third exceeds our receive maximum.
+    for pid in (1, 2, 3):
+        r.send(encode(Publish("rm/x", b"", 2, packet_id=pid), 5))
+    codes = []
+    while True:
+        pkt = r.next()
+        if pkt is None or isinstance(pkt, Disconnect):
+            break
+        codes.append(type(pkt).__name__)
+    assert codes == ["Pubrec", "Pubrec"] and pkt.reason_code == 0x93
+
+
+def test_bad_credentials_refused(threaded_broker):
+    from fluxpg.auth import AuthError, Principal
+
+    class Auth:
+        async def authenticate(self, username, password, *, protocol, peer=None):
+            if (username, password) != ("alice", b"secret"):
+                raise AuthError("bad user name or password")
+            return Principal("alice", permissions=(("publish", "allowed/#"), ("consume", "allowed/#")))
+
+    server = threaded_broker()
+    server.server.ctx.auth = Auth()
+    port = server.port("mqtt")
+    bad = Paho(port, username="alice", password="wrong", connect=False)
+    bad.connect(expect_ok=False)
+    assert bad.connack_rc == 0x86
+    bad.c.loop_stop()
+    r = Raw(port, version=4)   # 3.1.1: return code 4, bad user name or password
+    r.send(encode(Connect(uid(), username="alice", password=b"wrong"), 4))
+    assert r.s.recv(100) == b"\x20\x02\x00\x04"
+    assert r.s.recv(100) == b""
+    ok = Paho(port, username="alice", password="secret")
+    assert ok.subscribe("allowed/x", qos=1)[0] == 1
+    assert ok.subscribe("secret/x", qos=1)[0] == 0x87
+    assert ok.publish("secret/x", b"no", qos=1) == 0x87
+    assert ok.publish("allowed/x", b"yes", qos=1) == 0
+    assert ok.get().payload == b"yes"
+    ok.close()

@@ -393,3 +393,31 @@ async def test_consumer_group_argument_and_channel_qos(broker, qname):
         assert {m.headers["group-id"] for m in g1} == {"billing"}
     finally:
         await conn.close()
+
+
+async def test_exclusive_server_named_queue_is_ephemeral(broker):
+    server = await broker()
+    conn = await _connect(server)
+    try:
+        ch = await conn.channel()
+        fan = await ch.declare_exchange("broadcast", aio_pika.ExchangeType.FANOUT)
+        q = await ch.declare_queue(exclusive=True)       # server-named, e.g. an RPC reply queue
+        assert q.name.startswith("amq.gen-")
+        assert server.manager.queue_info(q.name) is None  # in memory, not a durable queue
+        await q.bind(fan)
+        got = []
+        arrived = asyncio.Event()
+
+        async def on_message(msg):
+            got.append(msg.body)
+            await msg.ack()
+            if len(got) == 2:
+                arrived.set()
+
+        await q.consume(on_message)
+        await fan.publish(aio_pika.Message(b"one"), routing_key="")
+        await ch.default_exchange.publish(aio_pika.Message(b"two"), routing_key=q.name)
+        await asyncio.wait_for(arrived.wait(), 5)
+        assert got == [b"one", b"two"]
+    finally:
+        await conn.close()

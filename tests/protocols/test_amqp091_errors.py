@@ -310,3 +310,23 @@ async def test_confirms_stay_honest_when_database_connections_die(broker, qname,
     finally:
         await killer.close()
         await conn.close()
+
+
+async def test_consumer_cancelled_by_server_when_queue_goes_away(broker, qname, dsn):
+    server = await broker([QueueConfig(name=qname)])
+    c = await RawClient.open(server.port("amqp091"))   # announces consumer_cancel_notify
+    c.send(1, Chan.Open())
+    await c.method()
+    c.send(1, Basic.Consume(queue=qname, consumer_tag="watcher"))
+    assert isinstance(await c.method(), Basic.ConsumeOk)
+    db = await asyncpg.connect(dsn)
+    try:
+        # An operator drops the queue (no AMQP way to do so: queue.delete of durable queues is refused).
+        await db.execute("DELETE FROM fluxpg.queues WHERE name = $1", qname)
+    finally:
+        await db.close()
+    m = await c.method(timeout=10)
+    assert isinstance(m, Basic.Cancel) and m.consumer_tag == "watcher"
+    c.send(1, Chan.Close(200, "bye", 0, 0))
+    assert isinstance(await c.method(), Chan.CloseOk)
+    c.close()

@@ -296,6 +296,47 @@ class _Item:
     run: Any = None                      # coroutine function run in order instead (SUBSCRIBE)
 
 
+class AckBatcher:
+    """Coalesces the acks/nacks/rejects of one connection: those arriving while a call is in
+    flight go to the database together, as one array per (verb, queue, group, partition,
+    reason) -- one transaction instead of one per message. Each caller's future resolves after
+    the call that carried its offset."""
+
+    def __init__(self, manager: Any):
+        self.manager = manager
+        self._pending: dict[tuple, list[tuple[int, asyncio.Future]]] = {}
+        self._task: asyncio.Task | None = None
+
+    def submit(self, verb: str, queue: str, group: str, seq: int, partition: int = 0,
+               reason: str | None = None) -> asyncio.Future:
+        fut = asyncio.get_running_loop().create_future()
+        self._pending.setdefault((verb, queue, group, partition, reason), []).append((seq, fut))
+        if self._task is None or self._task.done():
+            self._task = asyncio.ensure_future(self._flush())
+        return fut
+
+    async def _flush(self) -> None:
+        while self._pending:
+            pending, self._pending = self._pending, {}
+            for (verb, queue, group, partition, reason), items in pending.items():
+                seqs = [seq for seq, _ in items]
+                try:
+                    if verb == "ack":
+                        result = await self.manager.ack(queue, group, seqs, partition)
+                    elif verb == "nack":
+                        result = await self.manager.nack(queue, group, seqs, partition)
+                    else:
+                        result = await self.manager.reject(queue, group, seqs, reason, partition)
+                except Exception as exc:  # noqa: BLE001 - every caller is told
+                    for _, fut in items:
+                        if not fut.done():
+                            fut.set_exception(exc)
+                    continue
+                for _, fut in items:
+                    if not fut.done():
+                        fut.set_result(result)
+
+
 class Connection:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ctx: Any, router: Router,
                  options: MqttOptions):
@@ -328,6 +369,7 @@ class Connection:
         self.closed = asyncio.Event()
         self._pipeline: asyncio.Queue[_Item] = asyncio.Queue(maxsize=options.pipeline_depth)
         self._tasks: list[asyncio.Task] = []
+        self.acks = AckBatcher(ctx.manager)
 
     @property
     def v5(self) -> bool:
@@ -852,15 +894,12 @@ class Connection:
                 coro = self.manager.commit(queue, group, offset + 1, partition)
             else:
                 _, seq = parse_message_id(up.get("message-id", ""))
-                if verb == "ack":
-                    coro = self.manager.ack(queue, group, [seq], partition)
-                elif verb == "nack":
-                    coro = self.manager.nack(queue, group, [seq], partition)
-                else:
-                    coro = self.manager.reject(queue, group, [seq], up.get("reason"), partition)
+                coro = None
+                task = self.acks.submit(verb, queue, group, seq, partition, up.get("reason") if verb == "reject" else None)
         except (InvalidArgument, ValueError) as exc:
             return self._refuse(p, RC.IMPLEMENTATION_SPECIFIC_ERROR, f"${verb}: {exc}")
-        task = asyncio.ensure_future(coro)
+        if coro is not None:
+            task = asyncio.ensure_future(coro)
         if p.qos == 0:
             task.add_done_callback(_log_failure)
             return None
@@ -919,8 +958,7 @@ class Connection:
     def _ack_delivery(self, out: Outgoing) -> None:
         """3.1.1: the subscriber's PUBACK acknowledges the queue message (DESIGN §4)."""
         qsub, d = out.qref
-        task = asyncio.ensure_future(self.manager.ack(d.queue, d.group, [d.seq], d.partition))
-        task.add_done_callback(_log_failure)
+        self.acks.submit("ack", d.queue, d.group, d.seq, d.partition).add_done_callback(_log_failure)
 
     # -- SUBSCRIBE / UNSUBSCRIBE --
 

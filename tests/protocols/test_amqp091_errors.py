@@ -330,3 +330,24 @@ async def test_consumer_cancelled_by_server_when_queue_goes_away(broker, qname, 
     c.send(1, Chan.Close(200, "bye", 0, 0))
     assert isinstance(await c.method(), Chan.CloseOk)
     c.close()
+
+
+async def test_full_queue_nacks_and_pipeline_backpressure(broker, qname, monkeypatch):
+    from fluxpg.protocols.amqp091 import channel as channel_module
+
+    # A tiny in-flight limit: the reader must wait for the oldest publish instead of queueing more.
+    monkeypatch.setattr(channel_module, "MAX_PIPELINE", 3)
+    server = await broker([QueueConfig(name=qname, limits={"max_depth": 20})])
+    conn = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{server.port('amqp091')}/")
+    try:
+        ch = await conn.channel()
+        results = await asyncio.gather(*(ch.default_exchange.publish(aio_pika.Message(b"%d" % i), routing_key=qname)
+                                         for i in range(30)), return_exceptions=True)
+        acked = [i for i, r in enumerate(results) if isinstance(r, Basic.Ack)]
+        nacked = [i for i, r in enumerate(results) if isinstance(r, aio_pika.exceptions.DeliveryError)]
+        assert len(acked) == 20 and acked == list(range(20))   # in order, up to max_depth
+        assert nacked == list(range(20, 30))                    # then refused: nack, never a false ack
+        ch2 = await conn.channel()
+        await ch2.declare_queue(qname, passive=True)           # the connection is fine
+    finally:
+        await conn.close()

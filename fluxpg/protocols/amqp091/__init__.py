@@ -43,6 +43,9 @@ Semantics (FluxMQ's documented behaviour, DESIGN §4), and the choices made wher
   connection closes, so they come back without waiting for the visibility timeout.
 * basic.get claims one message for the queue's default group (get-ok message-count is 0: not
   computed).
+* Per-message `expiration` is stored and delivered back but not enforced (queue-level
+  `x-message-ttl` / `limits.message_ttl` is). `connection.blocked` is advertised (clients may
+  receive it) but never sent: a full queue nacks its publishes instead (`max_depth`).
 * Not supported: tx.* and channel.flow(active=false) (540 NOT_IMPLEMENTED), auth mechanisms
   other than PLAIN, virtual hosts (any name reaches the same broker).
 """

@@ -502,9 +502,12 @@ class Channel:
         self._body.append(payload)
         if self._received == self._header.body_size:
             self._complete()
-        if len(self._pipeline) >= MAX_PIPELINE:
+        while len(self._pipeline) >= MAX_PIPELINE and self.state == "open":
             # Stop reading until the oldest publish finished: the socket pushes back on the client.
-            await asyncio.wait(self._pipeline[0].tasks or [asyncio.sleep(0)])
+            head = self._pipeline[0]
+            if head.tasks:
+                await asyncio.wait(head.tasks)
+            await asyncio.sleep(0)   # let the confirmer take it off the FIFO
 
     def _complete(self) -> None:
         method, header = self._publish, self._header

@@ -295,9 +295,10 @@ def test_persistent_session_resumes_with_queued_qos1(server, version):
     sub.subscribe(topic, qos=1)
     sub.close()
     pub = Paho(port)
+    # QoS 0 first: the later PUBACKs (same connection, in order) prove it was handled while away.
+    pub.publish(topic, b"qos0 is not queued", qos=0)
     for i in range(3):
         pub.publish(topic, f"m{i}".encode(), qos=1)
-    pub.publish(topic, b"qos0 is not queued", qos=0)
     back = Paho(port, cid, version=version, clean=False, props=props)
     assert back.connack_flags.session_present
     assert [back.get().payload for _ in range(3)] == [b"m0", b"m1", b"m2"]

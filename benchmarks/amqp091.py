@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import logging
 import os
-import statistics
 import sys
 import time
 import uuid

@@ -111,9 +111,11 @@ def test_properties_round_trip_through_stored_headers():
     assert out.headers["raw"] == "\\xff"
     assert out.headers["message-id"] == "orders:42" and out.headers["group-id"] == "workers"
     assert not any(k.startswith("x-amqp-") for k in out.headers)
+    # Keys shared with the MQTT front-end (MQTT 5 response topic / correlation data).
+    assert stored["response-topic"] == "replies" and stored["correlation-data"] == "c-1"
     # What another protocol stored: content-type header, no AMQP keys → broker message id, topic as key.
     d2 = Delivery(queue="orders", group="g", partition=0, seq=1, topic="$queue/orders/eu", payload=b"",
-                  headers={"content-type": "text/plain", "response-topic": "r/1"}, created_at=ts, delivery_count=1)
+                  headers={"content-type": "text/plain", "reply-to": "r/1"}, created_at=ts, delivery_count=1)
     out2, ex2, rk2 = delivery_properties(d2)
     assert out2.content_type == "text/plain" and out2.reply_to == "r/1" and out2.message_id == "orders:1"
     assert (ex2, rk2) == ("", "$queue/orders/eu")

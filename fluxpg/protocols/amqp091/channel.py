@@ -32,7 +32,7 @@ from pamqp import commands
 from fluxpg.config import LimitsConfig, queue_config_from_amqp_args
 from fluxpg.protocols.amqp091 import framing
 from fluxpg.protocols.amqp091.exchanges import EXCHANGE_TYPES, Binding, Exchange, freeze_args
-from fluxpg.protocols.amqp091.framing import (ACCESS_REFUSED, CHANNEL_ERROR, COMMAND_INVALID, CONTENT_TOO_LARGE,
+from fluxpg.protocols.amqp091.framing import (ACCESS_REFUSED, COMMAND_INVALID, CONTENT_TOO_LARGE,
                                               FRAME_BODY, FRAME_HEADER, FRAME_METHOD, INTERNAL_ERROR,
                                               NO_ROUTE, NOT_ALLOWED, NOT_FOUND, NOT_IMPLEMENTED,
                                               PRECONDITION_FAILED, UNEXPECTED_FRAME, AMQPError,
@@ -963,4 +963,4 @@ _HANDLERS = {
     commands.Tx.Rollback: Channel._tx,
 }
 
-__all__ = ["Channel", "Consumer", "CHANNEL_ERROR"]
+__all__ = ["Channel", "Consumer"]

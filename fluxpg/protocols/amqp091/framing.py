@@ -18,7 +18,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from pamqp import base, body, commands, constants, decode, encode, exceptions, header, heartbeat
+from pamqp import base, commands, constants, decode, encode, exceptions, header, heartbeat
 
 FRAME_METHOD = constants.FRAME_METHOD          # 1
 FRAME_HEADER = constants.FRAME_HEADER          # 2
@@ -248,7 +248,7 @@ def heartbeat_frame() -> bytes:
 
 
 __all__ = [
-    "AMQPError", "Frame", "FrameDecoder", "FrameError", "PROTOCOL_HEADER", "body", "channel_error",
+    "AMQPError", "Frame", "FrameDecoder", "FrameError", "PROTOCOL_HEADER", "build", "channel_error",
     "connection_error", "content_frames", "decode_content_header", "decode_method", "heartbeat_frame",
     "method_frame",
 ]

@@ -3,9 +3,10 @@
 Key layout (one flat JSON object per message, so MQTT and AMQP 1.0 consumers see the same keys):
 
 * the AMQP `headers` table: its entries at the top level, as they are (`{"x-tenant": "acme"}`);
-* properties every protocol shares, under their common names: `content-type`,
-  `content-encoding`, `correlation-id`, `reply-to` (the MQTT front-end stores MQTT 5's
-  content type as `content-type` too);
+* properties other protocols share, under the keys the MQTT front-end uses for MQTT 5's
+  equivalents, so an MQTT 5 subscriber gets real properties and vice versa: `content-type`,
+  `response-topic` (AMQP reply-to), `correlation-data` (AMQP correlation-id), and
+  `content-encoding`; on delivery `reply-to` / `correlation-id` keys are read too;
 * the other AMQP basic properties under reserved `x-amqp-` keys: `x-amqp-message-id`,
   `x-amqp-delivery-mode`, `x-amqp-priority`, `x-amqp-expiration`, `x-amqp-timestamp` (unix
   seconds), `x-amqp-type`, `x-amqp-user-id`, `x-amqp-app-id` — `message-id` itself is the
@@ -39,8 +40,8 @@ Properties = commands.Basic.Properties
 _SHARED = {
     "content_type": "content-type",
     "content_encoding": "content-encoding",
-    "correlation_id": "correlation-id",
-    "reply_to": "reply-to",
+    "correlation_id": "correlation-data",
+    "reply_to": "response-topic",
 }
 _RESERVED = {
     "message_id": "x-amqp-message-id",
@@ -55,8 +56,8 @@ _RESERVED = {
 EXCHANGE_KEY = "x-amqp-exchange"
 ROUTING_KEY_KEY = "x-amqp-routing-key"
 _PROPERTY_KEYS = frozenset(_SHARED.values()) | frozenset(_RESERVED.values()) | {EXCHANGE_KEY, ROUTING_KEY_KEY}
-# Names other front-ends may have used for the same thing (MQTT 5 response topic / correlation data).
-_ALIASES = {"reply_to": ("response-topic",), "correlation_id": ("correlation-data",)}
+# Other names another front-end may have used for the same thing.
+_ALIASES = {"reply_to": ("reply-to",), "correlation_id": ("correlation-id",)}
 
 
 def json_safe(value: Any) -> Any:

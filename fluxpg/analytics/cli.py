@@ -76,8 +76,9 @@ def _errors() -> Iterator[None]:
 @contextmanager
 def _context(dsn: str | None, master: str | None, jars: list[str] | None, verbose: bool) -> Iterator[tuple[Any, Any, Any]]:
     """(Session, JdbcTarget, psycopg connection) for one command."""
-    from fluxpg.analytics.jdbc import connect, jdbc_target, resolve_dsn, spark_session
+    from fluxpg.analytics.jdbc import connect, find_jdbc_jars, jdbc_target, resolve_dsn, spark_session
 
+    find_jdbc_jars(jars)  # fail fast, before connecting anywhere
     dsn = resolve_dsn(dsn)
     target = jdbc_target(dsn, unix_socket_jar=any("junixsocket" in j for j in (jars or [])))
     conn = connect(dsn)

@@ -251,6 +251,12 @@ def spark_session(master: str | None = None, jars: Sequence[str] | None = None, 
     except ImportError:
         raise AnalyticsError("pyspark is not installed: pip install 'fluxpg[spark]'") from None
 
+    if not verbose:
+        # PySpark logs every failed query (with the JVM stack) before raising it; the CLI prints the
+        # error itself in one line.
+        for name in ("SQLQueryContextLogger", "py4j", "pyspark"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+
     active = SparkSession.getActiveSession()
     if active is not None:
         _ensure_driver_loaded(active, jar_list)

@@ -99,7 +99,7 @@ class _Consumer:
     queue: str
     sub: Any = None
     presettled: bool = False
-    unsettled: dict[bytes, Delivery] = field(default_factory=dict)
+    unsettled: dict[str, Delivery] = field(default_factory=dict)
     next_tag: int = 0
     closed: bool = False
     drain_task: asyncio.Task | None = None
@@ -242,6 +242,11 @@ class AmqpConnection:
                 await self._pump()
                 if self.engine.closed:
                     return
+                if self.engine.input_failed:
+                    log.info("amqp10 %s: invalid AMQP frame; closing", self.peer)
+                    self._write(self.engine.close_after_input_error("amqp:decode-error", "invalid AMQP frame"))
+                    await self._drain_quietly()
+                    return
                 if self.engine.output_closed:
                     # We sent our close; give the client a moment to answer with its own.
                     if close_deadline is None:
@@ -309,13 +314,14 @@ class AmqpConnection:
         self.consumers.clear()
         self.publishers.clear()
         if self._ack_task is not None:
-            # Apply the acknowledgements received before the connection ended.
+            # Apply the acknowledgements received before the connection ended: let the ack task
+            # finish what it holds (cancelling it mid-query would lose that batch).
             self._ack_event.set()
             try:
-                await asyncio.wait_for(self._flush_acks(), 5)
+                await asyncio.wait_for(asyncio.shield(self._ack_task), 10)
             except (Exception, asyncio.TimeoutError):  # noqa: BLE001
                 log.warning("amqp10 %s: could not apply the last acknowledgements", self.peer)
-            self._ack_task.cancel()
+                self._ack_task.cancel()
         try:
             out = self.engine.output()
             if out and not self.writer.is_closing():
@@ -579,7 +585,7 @@ class AmqpConnection:
         link = consumer.link
         if consumer.closed or self._closed or link.state & link.LOCAL_CLOSED:
             return  # classic: stays pending and comes back (reclaim or visibility timeout)
-        tag = str(consumer.next_tag).encode()
+        tag = str(consumer.next_tag)  # proton gives tags back as str
         consumer.next_tag += 1
         try:
             encoded = from_delivery(delivery).encode()
@@ -636,6 +642,8 @@ class AmqpConnection:
         while True:
             await self._ack_event.wait()
             await self._flush_acks()
+            if self._closed and not self._acks:
+                return
 
     async def _flush_acks(self) -> None:
         while self._acks:
@@ -649,7 +657,7 @@ class AmqpConnection:
                         await self.manager.nack(queue, group, seqs, partition)
                     else:
                         await self.manager.reject(queue, group, seqs, reason, partition)
-                except FluxError as exc:
+                except Exception as exc:  # noqa: BLE001 - FluxError or a bug: never stop acking
                     # The entries stay pending and come back after the visibility timeout.
                     log.warning("amqp10 %s: %s of %s %s failed: %s", self.peer, verb, queue, seqs, exc)
         self._ack_event.clear()

@@ -11,11 +11,15 @@ from inside a handler would re-enter it (FACTS.md). The caller loops until `even
 """
 from __future__ import annotations
 
+import struct
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from proton import Collector, Connection, Event, Transport
+from proton import Collector, Connection, Data, Described, Event, Transport, symbol, ulong
+
+CLOSE = 0x18      # amqp:close:list
+ERROR = 0x1D      # amqp:error:list
 
 
 @dataclass(slots=True)
@@ -74,6 +78,22 @@ class ProtonEngine:
         if not self._input_closed:
             self._input_closed = True
             self.transport.close_tail()
+
+    @property
+    def input_failed(self) -> bool:
+        """Proton stopped reading although the peer neither closed nor hung up: the input was not
+        valid AMQP (proton then closes its input side silently, without a close frame)."""
+        return (not self._input_closed and self.transport.capacity() < 0
+                and not self.connection.state & Connection.REMOTE_CLOSED)
+
+    def close_after_input_error(self, condition: str, description: str) -> bytes:
+        """The bytes that end a connection whose input was invalid: our open (if not sent yet)
+        and a close frame with the error, which proton no longer writes once its input is closed."""
+        conn = self.connection
+        if conn.state & Connection.LOCAL_UNINIT:
+            conn.open()
+        out = self.output()
+        return out + close_frame(condition, description)
 
     def output(self) -> bytes:
         """Everything proton wants to send now (may be empty)."""
@@ -156,3 +176,11 @@ def _extract(event: Event) -> EngineEvent:
     if conn is None and isinstance(ctx, Connection):
         conn = ctx
     return EngineEvent(event.type, conn, session, link, delivery)
+
+
+def close_frame(condition: str, description: str) -> bytes:
+    """An AMQP close frame (channel 0) carrying an error."""
+    data = Data()
+    data.put_object(Described(ulong(CLOSE), [Described(ulong(ERROR), [symbol(condition), description])]))
+    body = bytes(data.encode())
+    return struct.pack(">IBBH", 8 + len(body), 2, 0, 0) + body

@@ -127,7 +127,9 @@ def decode_frame(frame: bytes) -> tuple[int, list]:
         if code is None:
             raise SaslError(f"unexpected SASL performative {descriptor}")
         descriptor = code
-    return int(descriptor), list(value.value)
+    # Copy binary fields now: proton hands out memoryviews into the Data, freed with it.
+    fields = [bytes(f) if isinstance(f, memoryview) else f for f in value.value]
+    return int(descriptor), fields
 
 
 def _text(value) -> str | None:

@@ -421,6 +421,9 @@ class QueueConfig(_Strict):
                 "max_pending": qm.max_pending_per_group,
                 "auto_commit_interval": format_duration(qm.auto_commit_interval),
             },
+            # Kept in the database so every node (and a later config without it) knows the queue
+            # is a catch-all that only takes what no other queue does.
+            "reserved": self.reserved,
         }
 
 

@@ -84,6 +84,7 @@ def _with_lock(dsn: str, fn: Callable[[Any], None]) -> None:
             try:
                 fn(conn)
             finally:
+                conn.rollback()  # after a failure the transaction is aborted; the unlock needs a fresh one
                 conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": MIGRATION_LOCK})
                 conn.commit()
     finally:

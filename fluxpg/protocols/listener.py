@@ -144,7 +144,9 @@ class Listener:
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         except asyncio.CancelledError:
-            raise
+            # The server is shutting down (Server.close cancels connections). Ending normally
+            # keeps asyncio's stream protocol from logging the cancellation as an error.
+            pass
         except Exception:  # noqa: BLE001 - one bad connection never takes the listener down
             log.exception("%s: connection handler failed", self.name)
         finally:

@@ -370,7 +370,8 @@ class QueueManager:
         bindings: TopicTree[str] = TopicTree()
         reserved: TopicTree[str] = TopicTree()
         for q in queues.values():
-            tree = reserved if q.name in self._reserved else bindings
+            is_reserved = q.name in self._reserved or bool(q.settings.get("reserved"))
+            tree = reserved if is_reserved else bindings
             for t in q.topics:
                 tree.add(t, q.name)
         self.queues = queues
@@ -471,6 +472,12 @@ class QueueManager:
         internal = internal_group_name(group, filter)
         info = self.queues.get(queue)
         if info is None and not self._is_ephemeral_name(queue):
+            await self.reload_queues()
+            info = self.queues.get(queue)
+        if info is None and queue.startswith("$dlq/") and queue[5:] in self.queues:
+            # A durable queue's dead-letter queue is created on first dead letter; a consumer
+            # may come first, and must wait on the durable DLQ, not an ephemeral look-alike.
+            await self.pool.execute("SELECT fluxpg._dlq_queue(fluxpg._queue($1))", queue[5:])
             await self.reload_queues()
             info = self.queues.get(queue)
         if info is None:

@@ -24,22 +24,23 @@ def upgrade() -> None:
 def downgrade() -> None:
     # Everything fluxpg created lives in schema fluxpg; only the Alembic version table must
     # survive until Alembic has recorded the downgrade (fluxpg.db.downgrade drops it after).
+    # Names are taken as text before anything is dropped: a CASCADE may remove later entries.
     op.execute("""
         DO $$
         DECLARE r record;
         BEGIN
-          FOR r IN SELECT c.oid::regclass AS rel, c.relkind FROM pg_class c
+          FOR r IN SELECT format('fluxpg.%I', c.relname) AS rel FROM pg_class c
                     WHERE c.relnamespace = 'fluxpg'::regnamespace AND c.relkind IN ('v', 'm')
-          LOOP EXECUTE format('DROP VIEW IF EXISTS %s CASCADE', r.rel); END LOOP;
-          FOR r IN SELECT p.oid::regprocedure AS fn FROM pg_proc p WHERE p.pronamespace = 'fluxpg'::regnamespace
-          LOOP EXECUTE format('DROP FUNCTION IF EXISTS %s CASCADE', r.fn); END LOOP;
-          FOR r IN SELECT c.oid::regclass AS rel FROM pg_class c
+          LOOP EXECUTE 'DROP VIEW IF EXISTS ' || r.rel || ' CASCADE'; END LOOP;
+          FOR r IN SELECT p.oid::regprocedure::text AS fn FROM pg_proc p WHERE p.pronamespace = 'fluxpg'::regnamespace
+          LOOP EXECUTE 'DROP FUNCTION IF EXISTS ' || r.fn || ' CASCADE'; END LOOP;
+          FOR r IN SELECT format('fluxpg.%I', c.relname) AS rel FROM pg_class c
                     WHERE c.relnamespace = 'fluxpg'::regnamespace AND c.relkind IN ('r', 'p')
                       AND c.relname <> 'alembic_version' AND NOT c.relispartition
-          LOOP EXECUTE format('DROP TABLE IF EXISTS %s CASCADE', r.rel); END LOOP;
-          FOR r IN SELECT t.oid::regtype AS typ FROM pg_type t
+          LOOP EXECUTE 'DROP TABLE IF EXISTS ' || r.rel || ' CASCADE'; END LOOP;
+          FOR r IN SELECT format('fluxpg.%I', t.typname) AS typ FROM pg_type t
                     WHERE t.typnamespace = 'fluxpg'::regnamespace AND t.typtype = 'c'
                       AND NOT EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = t.typrelid AND c.relkind <> 'c')
-          LOOP EXECUTE format('DROP TYPE IF EXISTS %s CASCADE', r.typ); END LOOP;
+          LOOP EXECUTE 'DROP TYPE IF EXISTS ' || r.typ || ' CASCADE'; END LOOP;
         END $$;
     """)

@@ -135,10 +135,10 @@ class ClassicMachine(RuleBasedStateMachine):
             committed = min(self.model.pending, default=self.model.cursor)
             assert (st_row["cursor"], st_row["committed"]) == (self.model.cursor, committed)
         dead = self.run(self.conn.fetch(
-            "SELECT (headers->>'_dlq_original_offset')::bigint AS seq, headers->>'_dlq_reason' AS reason "
-            "FROM fluxpg.log WHERE queue_id = (SELECT id FROM fluxpg.queues WHERE name = $1) ORDER BY seq",
+            "SELECT (headers->>'_dlq_original_offset')::bigint AS original, headers->>'_dlq_reason' AS reason "
+            "FROM fluxpg.log l WHERE queue_id = (SELECT id FROM fluxpg.queues WHERE name = $1) ORDER BY l.seq",
             f"$dlq/{self.queue}"))
-        assert [(r["seq"], r["reason"]) for r in dead] == self.model.dead
+        assert [(r["original"], r["reason"]) for r in dead] == self.model.dead
 
 
 def test_classic_state_machine_matches_model(dsn):

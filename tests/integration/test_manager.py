@@ -234,3 +234,29 @@ async def test_embedding_api_example(dsn, qname):
         msg = await dlq.get(timeout=10)
         assert msg.payload == b"three" and msg.headers["_dlq_reason"] == "no thanks"
         await dlq.close()
+
+
+async def test_reserved_queue_only_takes_what_no_other_queue_does(manager_factory, conn, qname):
+    # A database that once ran with no queues configured keeps its reserved `mqtt` queue; later
+    # nodes with real queues must not fan every publish out to it (nor fill it up).
+    await manager_factory([])
+    mgr = await manager_factory([QueueConfig(name=qname)])
+    assert await mgr.publish(f"$queue/{qname}/x", b"p") == [(qname, 0)]
+    assert [tuple(r) for r in await conn.fetch("SELECT queue, seq FROM fluxpg.publish($1, 'p')",
+                                               f"$queue/{qname}/y")] == [(qname, 1)]
+    [(queue, _)] = await mgr.publish(f"$queue/unbound-{qname}/x", b"p")
+    assert queue == "mqtt"
+
+
+async def test_consumer_of_a_dlq_that_does_not_exist_yet(manager_factory, qname):
+    mgr = await manager_factory([QueueConfig(name=qname)])
+    inbox = Inbox()
+    sub = await mgr.subscribe(f"$dlq/{qname}", "ops", "o1", on_delivery=inbox)
+    assert sub.kind == "classic"
+    await mgr.publish(f"$queue/{qname}/x", b"bad")
+    worker = Inbox()
+    await mgr.subscribe(qname, "g", "w", on_delivery=worker)
+    [d] = await worker.wait_for(1)
+    await mgr.reject(qname, "g", [d.seq], "poison")
+    [dead] = await inbox.wait_for(1)
+    assert dead.payload == b"bad" and dead.headers["_dlq_reason"] == "poison"

@@ -148,15 +148,7 @@ def test_second_upgrade_is_a_no_op(database):
         == "payload"
 
 
-# The loop of 0001's downgrade formats `c.oid::regclass` after an earlier `DROP VIEW … CASCADE`
-# dropped that view already: the oid then prints as a bare number and the statement is
-# `DROP VIEW IF EXISTS 70448 CASCADE` (syntax error). db._with_lock's unlock then runs in the aborted
-# transaction, so the error seen is InFailedSqlTransaction.
-DOWNGRADE_BUG = ("engine: migrations/versions/0001_initial.py downgrade drops views by regclass after a "
-                 "CASCADE already dropped them (DROP VIEW IF EXISTS <oid>): downgrade to base always fails")
 
-
-@pytest.mark.xfail(strict=True, reason=DOWNGRADE_BUG)
 def test_downgrade_to_base_removes_fluxpg_and_nothing_else(database):
     # Somebody else's schema in the same database, with a table of the same name as one of ours.
     execute(database, "CREATE SCHEMA other_app")

@@ -171,6 +171,13 @@ class Broker:
             payload = payload.encode()
         return await self.manager.publish(topic, payload, headers, partition_key=partition_key)
 
+    async def publish_many(self, messages: list[tuple[str, bytes | str, dict[str, Any] | None]]
+                           ) -> list[list[tuple[str, int]]]:
+        """Publish (topic, payload, headers) tuples in one transaction; returns each one's
+        (queue, offset) list once committed."""
+        return await self.manager.publish_many(
+            [(t, p.encode() if isinstance(p, str) else p, h) for t, p, h in messages])
+
     def consume(self, queue: str, group: str, *, consumer: str | None = None, filter: str | None = None,
                 position: object = None, prefetch: int = 100, auto_commit: bool | None = None) -> Consumer:
         """Consume `queue` as a member of `group`. `consumer` names this member (default: unique

@@ -44,6 +44,7 @@ ErrorCallback = Callable[[FluxError], Awaitable[None] | None]
 
 CLASSIC_POLL = 1.0   # seconds: catches visibility timeouts and retry backoffs
 STREAM_POLL = 5.0    # seconds: only a safety net, NOTIFY wakes stream readers
+ROUTE_CACHE_SIZE = 10_000
 
 
 @dataclass(slots=True)
@@ -253,6 +254,7 @@ class QueueManager:
         self.queues: dict[str, QueueInfo] = {}
         self.queues_by_id: dict[int, QueueInfo] = {}
         self._bindings: TopicTree[str] = TopicTree()
+        self._routes: dict[str, list[QueueInfo]] = {}   # topic → target queues, cleared on reload
         self._reserved_bindings: TopicTree[str] = TopicTree()
         self._reserved: set[str] = set()
         self.ephemeral = EphemeralQueues(self.qm.ephemeral_grace.total_seconds())
@@ -370,12 +372,19 @@ class QueueManager:
         bindings: TopicTree[str] = TopicTree()
         reserved: TopicTree[str] = TopicTree()
         for q in queues.values():
-            is_reserved = q.name in self._reserved or bool(q.settings.get("reserved"))
-            tree = reserved if is_reserved else bindings
+            if q.name in self._reserved:
+                tree = reserved
+            elif q.settings.get("reserved"):
+                # A catch-all left by a run without configured queues: with queues configured
+                # now there is no catch-all (FluxMQ), so it takes nothing (it is reported at start).
+                continue
+            else:
+                tree = bindings
             for t in q.topics:
                 tree.add(t, q.name)
         self.queues = queues
         self.queues_by_id = {q.id: q for q in queues.values()}
+        self._routes = {}
         self._bindings, self._reserved_bindings = bindings, reserved
 
     def _on_queues_notify(self, _payload: str | None) -> Awaitable[None] | None:
@@ -424,6 +433,17 @@ class QueueManager:
     # --- publish ------------------------------------------------------------------------------------
 
     def route(self, topic: str) -> list[QueueInfo]:
+        cached = self._routes.get(topic)
+        if cached is not None:
+            return cached
+        targets = self._route(topic)
+        if targets:  # ephemeral routing depends on live consumers: never cached
+            if len(self._routes) >= ROUTE_CACHE_SIZE:
+                self._routes.clear()
+            self._routes[topic] = targets
+        return targets
+
+    def _route(self, topic: str) -> list[QueueInfo]:
         names = self._bindings.match(topic)
         if not names:
             qt = parse_queue_topic(topic)
@@ -432,28 +452,54 @@ class QueueManager:
             names = self._reserved_bindings.match(topic)
         return sorted((self.queues[n] for n in names), key=lambda q: q.id)
 
-    async def publish(self, topic: str, payload: bytes, headers: dict[str, Any] | None = None, *,
-                      partition_key: str | None = None) -> list[tuple[str, int]]:
-        """Append to every queue whose topics match, in one transaction; returns (queue, offset)
-        per queue after commit. With no durable queue matching, an ephemeral queue takes it."""
+    def _rows_for(self, topic: str, payload: bytes, headers: dict[str, Any] | None,
+                  partition_key: str | None) -> list[AppendRow] | tuple[str, int]:
+        """The log rows one publish becomes (one per matching durable queue), or — when no
+        durable queue matches — the (queue, offset) it got in an ephemeral queue."""
         validate_topic_name(topic)
         if not is_queue_topic(topic) and not topic.startswith("$dlq/"):
             raise InvalidArgument(f"topic {topic!r} is not a queue topic ($queue/<name>/...)")
-        payload = bytes(payload)
         targets = self.route(topic)
         if not targets:
             qt = parse_queue_topic(topic)
-            eq = self.ephemeral.get(qt.queue)
-            return [(qt.queue, eq.publish(topic, payload, headers))]
+            return qt.queue, self.ephemeral.get(qt.queue).publish(topic, payload, headers)
         for q in targets:
             if q.max_message_size and len(payload) > q.max_message_size:
                 raise PayloadTooLarge(f"message of {len(payload)} bytes exceeds limits.max_message_size "
                                       f"{q.max_message_size} of queue {q.name!r}")
         key = partition_key or (headers or {}).get("x-partition-key")
-        rows = [AppendRow(q.id, topic, payload, headers, str(key) if key is not None else None) for q in targets]
-        results = await self.appender.append(rows)
+        key = str(key) if key is not None else None
+        return [AppendRow(q.id, topic, payload, headers, key) for q in targets]
+
+    def _names(self, results: list[tuple[int, int, int]]) -> list[tuple[str, int]]:
         return [(self.queues_by_id[qid].name if qid in self.queues_by_id else str(qid), seq)
                 for qid, _part, seq in results]
+
+    async def publish(self, topic: str, payload: bytes, headers: dict[str, Any] | None = None, *,
+                      partition_key: str | None = None) -> list[tuple[str, int]]:
+        """Append to every queue whose topics match, in one transaction; returns (queue, offset)
+        per queue after commit. With no durable queue matching, an ephemeral queue takes it."""
+        rows = self._rows_for(topic, bytes(payload), headers, partition_key)
+        if isinstance(rows, tuple):
+            return [rows]
+        return self._names(await self.appender.append(rows))
+
+    async def publish_many(self, messages: list[tuple[str, bytes, dict[str, Any] | None]]
+                           ) -> list[list[tuple[str, int]]]:
+        """Publish a batch in one transaction (all or nothing for the durable part); returns,
+        per message, its (queue, offset) list. For producers that batch themselves: one
+        future for the whole batch instead of one per message."""
+        rows: list[AppendRow] = []
+        spans: list[tuple[int, int] | tuple[str, int]] = []
+        for topic, payload, headers in messages:
+            out = self._rows_for(topic, bytes(payload), headers, None)
+            if isinstance(out, tuple):
+                spans.append(out)
+            else:
+                spans.append((len(rows), len(rows) + len(out)))
+                rows.extend(out)
+        results = self._names(await self.appender.append(rows)) if rows else []
+        return [[span] if isinstance(span[0], str) else results[span[0]:span[1]] for span in spans]
 
     # --- consume ----------------------------------------------------------------------------------
 

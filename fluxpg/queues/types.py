@@ -100,8 +100,7 @@ class Delivery:
         if self.kind == "stream":
             props["x-stream-offset"] = str(self.seq)
             props["x-stream-timestamp"] = str(int(self.created_at.timestamp() * 1000))
-            if self.partition:
-                props["x-stream-partition"] = str(self.partition)
+            props["x-stream-partition"] = str(self.partition)
             if self.work_group is not None:
                 committed = self.work_committed if self.work_committed is not None else 0
                 props["x-work-committed-offset"] = str(committed)

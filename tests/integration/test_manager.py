@@ -245,7 +245,9 @@ async def test_reserved_queue_only_takes_what_no_other_queue_does(manager_factor
     assert [tuple(r) for r in await conn.fetch("SELECT queue, seq FROM fluxpg.publish($1, 'p')",
                                                f"$queue/{qname}/y")] == [(qname, 1)]
     [(queue, _)] = await mgr.publish(f"$queue/unbound-{qname}/x", b"p")
-    assert queue == "mqtt"
+    assert queue == f"unbound-{qname}"          # not the leftover catch-all: an ephemeral queue
+    [(queue, _)] = await (await manager_factory([])).publish(f"$queue/unbound-{qname}/x", b"p")
+    assert queue == "mqtt"                      # while it is configured, the catch-all takes it
 
 
 async def test_consumer_of_a_dlq_that_does_not_exist_yet(manager_factory, qname):

@@ -107,8 +107,12 @@ def report(
     fmt: Annotated[str, typer.Option("--format", help="parquet or csv (with --out).")] = "parquet",
     rows: Annotated[int, typer.Option("--rows", min=1, help="Rows shown per table (the most recent buckets).")] = 30,
 ) -> None:
-    """Messages and bytes per queue and time bucket and per routing key; per group head, committed,
-    lag, pending, redeliveries and dead-lettered."""
+    """Throughput per queue and time bucket, traffic per routing key, state of every group.
+
+    Messages and bytes per queue and --bucket, and per routing key; per consumer group head,
+    committed, lag, pending, redeliveries and dead-lettered. Tables on the terminal, --chart PNG,
+    --out DIR as Parquet or CSV.
+    """
     with _errors():
         from fluxpg.analytics import render
         from fluxpg.analytics import report as rep
@@ -123,9 +127,12 @@ def report(
                 r = rep.build(session.spark, target, conn, bucket=bucket, queues=queue,
                               since=_position(since, "--since"), until=_position(until, "--until"),
                               num_partitions=partitions)
-                data = rep.collect(r)
-                if out is not None:
-                    rep.write(r, out, fmt)
+                try:
+                    data = rep.collect(r)
+                    if out is not None:
+                        rep.write(r, out, fmt)
+                finally:
+                    r.close()
             cols, tp = data["throughput"]
             render.table(out_console, f"Throughput per {bucket}", cols, tp, limit=rows, numeric=("messages", "bytes"))
             cols, rk = data["routing_keys"]
@@ -160,7 +167,11 @@ def export(
     partition: Annotated[Optional[list[int]], typer.Option("--partition", help="Only these queue partitions.")] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing output.")] = False,
 ) -> None:
-    """Archive a range of a queue's log. Raw payloads: binary in Parquet, base64 in JSON/CSV."""
+    """Archive a range of a queue's log (before retention drops it).
+
+    Raw payloads are a binary column in Parquet and base64 text in JSON and CSV; --decode utf8|json
+    adds payload_text (and body), keeping the bytes of payloads that do not decode.
+    """
     with _errors():
         from fluxpg.analytics import export as exp
         from fluxpg.analytics.jdbc import spark_progress
@@ -184,8 +195,11 @@ def sql_command(
     limit: Annotated[int, typer.Option("--limit", min=1, help="Rows shown at most.")] = 1000,
     no_body: Annotated[bool, typer.Option("--no-body", help="Do not infer a JSON `body` for q_ views.")] = False,
 ) -> None:
-    """Spark SQL over the log: `log` (all queues), one view per queue named q_<name> (payload_text,
-    headers; JSON fields via get_json_object(payload_text, '$.x') or body.x), `queues`, `groups`."""
+    """Spark SQL over the log, printed as a table.
+
+    Views: log (all queues), q_<queue> per queue (with body, the parsed JSON payload, when the
+    payloads are JSON objects), queues, groups. JSON fields: get_json_object(payload_text, '$.x').
+    """
     with _errors():
         from fluxpg.analytics import render
         from fluxpg.analytics import sql as sq
@@ -211,8 +225,11 @@ def follow(
     max_batches: Annotated[Optional[int], typer.Option("--max-batches", min=1, help="Stop after this many batches.")] = None,
     drain: Annotated[bool, typer.Option("--drain", help="Stop once the group has caught up with the head.")] = False,
 ) -> None:
-    """Consume a stream queue as a group in Spark micro-batches; each batch is committed only after its
-    output is in place, so a killed job resumes exactly where its last batch ended."""
+    """Consume a stream queue as a consumer group in Spark micro-batches.
+
+    Each batch is written under --out, named by its offset range, and committed only after that, so
+    a killed job resumes exactly where its last batch ended (no gap, no duplicate).
+    """
     with _errors():
         from fluxpg.analytics import follow as fol
 

@@ -32,6 +32,12 @@ class Report:
     throughput: "DataFrame"   # queue, bucket, messages, bytes
     routing_keys: "DataFrame"  # queue, routing_key, messages, bytes, first_at, last_at
     groups: "DataFrame"       # queue, group, mode, partitions, head, committed, lag, pending, redeliveries, dead_lettered
+    cached: "DataFrame | None" = None
+
+    def close(self) -> None:
+        """Release the cached log columns (a shared session lives on after the report)."""
+        if self.cached is not None:
+            self.cached.unpersist()
 
     def frames(self) -> dict[str, "DataFrame"]:
         return {"throughput": self.throughput, "routing_keys": self.routing_keys, "groups": self.groups}
@@ -97,7 +103,7 @@ def build(spark: "SparkSession", target: JdbcTarget, conn, *, bucket: str = "1h"
     groups = (groups.join(dead, ["queue", "group"], "left")
               .withColumn("dead_lettered", F.coalesce("dead_lettered", F.lit(0)).cast("long"))
               .orderBy("queue", "group"))
-    return Report(throughput, routing, groups)
+    return Report(throughput, routing, groups, cached=log)
 
 
 def write(report: Report, out: Path, fmt: str) -> list[Path]:

@@ -85,6 +85,23 @@ def test_crash_between_write_and_commit_reruns_without_duplicates(spark, target,
     assert len(outputs(out)) == 570
 
 
+def test_json_batches(spark, target, pg, qname, tmp_path):
+    """JSON lines output: payloads base64, one directory per batch range, every offset once."""
+    import base64
+    import json
+
+    qid = declare(pg, qname, "stream")
+    pos = append(pg, qid, [f"$queue/{qname}/a"] * 45, [bytes([i, 0, 255]) for i in range(45)])
+    res = fol.follow(spark, target, pg, qname, "j", tmp_path, fmt="json", batch=20, drain=True)
+    assert (res.batches, res.rows) == (3, 45)
+    assert sorted(d.name for d in tmp_path.iterdir()) == [
+        "p0-00000000000000000000-00000000000000000020", "p0-00000000000000000020-00000000000000000040",
+        "p0-00000000000000000040-00000000000000000045"]
+    rows = [json.loads(ln) for f in tmp_path.glob("p0-*/part-*.json") for ln in f.read_text().splitlines()]
+    assert sorted((r["partition"], r["seq"]) for r in rows) == pos
+    assert all(base64.b64decode(r["payload"]) == bytes([r["seq"], 0, 255]) for r in rows)
+
+
 def _follow_cmd(dsn, queue, out, *extra, batch=100):
     return [sys.executable, "-m", "fluxpg.analytics.cli", "follow", queue, "--group", "archiver", "--out", str(out),
             "--dsn", dsn, "--batch", str(batch), "--interval", "0.2", "--master", "local[1]", *extra]

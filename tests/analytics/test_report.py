@@ -54,6 +54,7 @@ def test_report_matches_sql(spark, target, pg, traffic):
     queues = [classic, stream]
     r = report.build(spark, target, pg, bucket="1h", queues=queues)
     got = report.collect(r)
+    r.close()
 
     want_tp = {(q, b.replace(tzinfo=timezone.utc).timestamp()): (n, size) for q, b, n, size in pg.execute(
         """SELECT q.name, date_trunc('hour', l.created_at AT TIME ZONE 'UTC'), count(*), sum(octet_length(l.payload))

@@ -145,8 +145,13 @@ def describe_error(exc: BaseException, dsn: str | None = None) -> str:
 
     if isinstance(exc, CliError):
         return str(exc)
-    if isinstance(exc, Unavailable) and exc.__cause__ is not None and dsn:
-        return str(connect_error(dsn, exc.__cause__))
+    if isinstance(exc, Unavailable) and exc.__cause__ is not None:
+        cause = exc.__cause__
+        if dsn and isinstance(cause, (OSError, asyncio.TimeoutError, asyncpg.InvalidAuthorizationSpecificationError,
+                                      asyncpg.InvalidCatalogNameError, asyncpg.CannotConnectNowError,
+                                      asyncpg.TooManyConnectionsError)):
+            return str(connect_error(dsn, cause))
+        return describe_error(cause, dsn)
     if isinstance(exc, asyncpg.PostgresError):
         state = getattr(exc, "sqlstate", "") or ""
         if state in ("42P01", "3F000", "42883") and "fluxpg" in str(exc):
@@ -595,6 +600,16 @@ async def _serve_main(config: Config, dsn: str | None, data_dir: Path | None, ov
                     signal.signal(sig, handler)
 
 
+async def wait_any(*events: asyncio.Event, timeout: float | None = None) -> None:
+    """Until one of the events is set (or the timeout passes)."""
+    waiters = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in waiters:
+            task.cancel()
+
+
 async def _probe(dsn: str) -> None:
     conn = await connect(dsn)
     await conn.close()
@@ -704,9 +719,16 @@ async def _supervise(n: int, dsn: str, config: Config, overrides: dict[str, str 
             sys.stdout.buffer.write(line)
             sys.stdout.flush()
 
+    first_ready = asyncio.Event()
+
     async def run(i: int) -> None:
         launched = 0
         delay = 0.5
+        if i > 1:
+            # Worker 1 starts alone and declares the configured queues; the others start once it
+            # is up. Concurrent first declarations of one queue collide in fluxpg.declare_queue
+            # (unique violation on queues.name), so starting all at once on a fresh database fails.
+            await wait_any(first_ready, signals.stop)
         while not signals.stop.is_set():
             launched += 1
             started = time.monotonic()
@@ -718,6 +740,7 @@ async def _supervise(n: int, dsn: str, config: Config, overrides: dict[str, str 
                 proc.send_signal(signal.SIGTERM)
             ready = await wait_ready(proc)
             if ready:
+                first_ready.set()
                 await forward(proc)
             code = await proc.wait()
             if signals.stop.is_set():
@@ -1016,10 +1039,7 @@ async def _tail_on(conn: Any, dsn: str, queue: str, group: str | None, start: st
             if not follow:
                 break
             # Woken by the NOTIFY of a committed append; the timeout is a safety net for a lost one.
-            waiters = [asyncio.ensure_future(wake.wait()), asyncio.ensure_future(stop.wait())]
-            _done, pending_ = await asyncio.wait(waiters, timeout=2.0, return_when=asyncio.FIRST_COMPLETED)
-            for task in pending_:
-                task.cancel()
+            await wait_any(wake, stop, timeout=2.0)
     finally:
         if follow:
             for sig in (signal.SIGINT, signal.SIGTERM):

@@ -279,11 +279,13 @@ def spark_session(master: str | None = None, jars: Sequence[str] | None = None, 
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.shuffle.partitions": str(max(2, 2 * cores)),
-        "spark.local.dir": str(workdir),
         "spark.log.level": "WARN" if verbose else "ERROR",
     }
     if java_opts:
         settings["spark.driver.extraJavaOptions"] = java_opts
+    if settings["spark.master"].startswith("local"):
+        # Shuffle and spill files next to the log file, removed with it; a cluster keeps its own.
+        settings["spark.local.dir"] = str(workdir)
     settings.update(conf or {})
     spark_conf = SparkConf().setAll(list(settings.items()))
     log_path = None if verbose else workdir / "spark.log"

@@ -102,6 +102,18 @@ def test_json_batches(spark, target, pg, qname, tmp_path):
     assert all(base64.b64decode(r["payload"]) == bytes([r["seq"], 0, 255]) for r in rows)
 
 
+def test_filter_group_and_expired_messages(spark, target, pg, qname, tmp_path):
+    """Like a broker consumer of the group: group@filter sees matching routing keys only, and
+    expired messages are skipped; the checkpoint still moves past them."""
+    qid = declare(pg, qname, "stream")
+    pos = append(pg, qid, [f"$queue/{qname}/" + ("eu/de", "us/ny", "eu/fr")[i % 3] for i in range(60)], [b"x"] * 60)
+    pg.execute("UPDATE fluxpg.log SET expires_at = now() - interval '1 minute' WHERE queue_id = %s AND seq < 6", (qid,))
+    res = fol.follow(spark, target, pg, qname, "g@eu/#", tmp_path, batch=25, drain=True)
+    got = sorted(outputs(tmp_path))
+    assert got == [p for p in pos if p[1] % 3 != 1 and p[1] >= 6] and res.rows == len(got)
+    assert committed(pg, qname, "g@eu/#") == {0: 60}
+
+
 def _follow_cmd(dsn, queue, out, *extra, batch=100):
     return [sys.executable, "-m", "fluxpg.analytics.cli", "follow", queue, "--group", "archiver", "--out", str(out),
             "--dsn", dsn, "--batch", str(batch), "--interval", "0.2", "--master", "local[1]", *extra]

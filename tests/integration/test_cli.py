@@ -1,6 +1,7 @@
 """The `fluxpg` command line, run as a user runs it: a subprocess (`python -m fluxpg.cli`)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -470,3 +471,26 @@ def test_workers_need_fixed_ports(dsn):
                "--amqp091", "off", "--http", "off")
     assert proc.returncode == 2
     assert_one_error_line(proc.stderr.decode(), "--mqtt", "fixed ports")
+
+
+@pytest.mark.slow
+def test_workers_stop_when_their_supervisor_is_killed(dsn):
+    port = free_port()
+    proc = subprocess.Popen([*CLI, "serve", "--dsn", dsn, "--workers", "2", *only_http(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=cli_env())
+    workers: list[psutil.Process] = []
+    try:
+        wait_healthy(proc, port)
+        workers = _wait_for(lambda: len(_children(proc.pid)) == 2 and _children(proc.pid), 60, "two workers")
+        proc.kill()  # SIGKILL: no chance to forward anything
+        proc.wait()
+        gone, alive = psutil.wait_procs(workers, timeout=20)
+        assert not alive, "workers kept serving without their supervisor"
+        assert healthz(port, timeout=1) is None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for worker in workers:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                worker.kill()

@@ -64,7 +64,7 @@ stderr = Console(stderr=True, soft_wrap=True)
 LISTENERS = ("mqtt", "amqp", "amqp091", "http")
 LISTENER_TITLES = {"mqtt": "MQTT", "amqp": "AMQP 1.0", "amqp091": "AMQP 0-9-1", "http": "HTTP admin"}
 CONNECT_TIMEOUT = 10.0
-# A worker that exits within this many seconds of starting, before it reported ready, failed to start.
+# How long a starting worker may take to report ready; one that does not, or exits first, failed to start.
 WORKER_READY_TIMEOUT = 120.0
 WORKER_STOP_TIMEOUT = 30.0
 READY_LINE = b"fluxpg-worker-ready\n"

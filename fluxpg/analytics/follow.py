@@ -123,7 +123,8 @@ class Follower:
         return removed
 
     def next_ranges(self) -> list[SeqRange]:
-        heads = load_queues(self.conn, [self.queue])[self.queue].partitions
+        info = load_queues(self.conn, [self.queue])[self.queue]
+        heads = info.partitions
         committed = self.committed()
         lagging = []
         for p, (first, nxt) in sorted(heads.items()):
@@ -137,7 +138,7 @@ class Follower:
         if not lagging:
             return []
         share = math.ceil(self.batch / len(lagging))
-        return [SeqRange(self.info.id, p, lo, min(nxt, lo + share)) for p, lo, nxt in lagging]
+        return [SeqRange(self.info.id, p, lo, min(nxt, lo + share), info.row_bytes) for p, lo, nxt in lagging]
 
     # -- one micro-batch ---------------------------------------------------------------------------
 

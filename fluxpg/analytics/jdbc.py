@@ -40,6 +40,7 @@ INSTALL_HINT = ("PostgreSQL JDBC driver not found: install it with `apt-get inst
                 "from https://jdbc.postgresql.org/download/")
 
 ROWS_PER_PARTITION = 250_000
+BYTES_PER_PARTITION = 256 * 1024 * 1024  # on disk, for reads that carry payloads
 FETCH_SIZE = 10_000
 
 LOG_TABLE = """(SELECT l.queue_id, q.name AS queue, l.partition, l.seq, l.topic,
@@ -386,6 +387,11 @@ class QueueInfo:
     name: str
     kind: str
     partitions: dict[int, tuple[int, int]] = field(default_factory=dict)  # partition → (first_seq, next_seq)
+    bytes: int = 0  # on disk (fluxpg.queue_stats.bytes)
+
+    @property
+    def row_bytes(self) -> float:
+        return self.bytes / self.rows if self.rows else 0.0
 
     @property
     def rows(self) -> int:
@@ -399,6 +405,7 @@ class SeqRange:
     partition: int
     lo: int
     hi: int
+    row_bytes: float = 0.0  # average on-disk bytes per row of its queue, for partition planning
 
     @property
     def rows(self) -> int:
@@ -431,6 +438,8 @@ def load_queues(conn, names: Iterable[str] | None = None) -> dict[str, QueueInfo
     queues: dict[str, QueueInfo] = {}
     for qid, name, kind, part, first, nxt in rows:
         queues.setdefault(name, QueueInfo(qid, name, kind)).partitions[part] = (first, nxt)
+    for name, size in conn.execute("SELECT queue, bytes FROM fluxpg.queue_stats WHERE queue = ANY (%s)", (list(queues),)):
+        queues[name].bytes = int(size or 0)
     if wanted:
         missing = [n for n in wanted if n not in queues]
         if missing:
@@ -440,13 +449,17 @@ def load_queues(conn, names: Iterable[str] | None = None) -> dict[str, QueueInfo
 
 
 def full_ranges(queues: Iterable[QueueInfo]) -> list[SeqRange]:
-    return [SeqRange(q.id, p, lo, hi) for q in queues for p, (lo, hi) in sorted(q.partitions.items()) if hi > lo]
+    return [SeqRange(q.id, p, lo, hi, q.row_bytes) for q in queues for p, (lo, hi) in sorted(q.partitions.items()) if hi > lo]
 
 
-def partition_count(rows: int, cores: int, rows_per_partition: int = ROWS_PER_PARTITION) -> int:
-    """Spark partitions for a read of ``rows`` rows: one per ``rows_per_partition``, at least 1, at most
-    4 × cores (more only queue up as tasks and make each query's range smaller, not the read faster)."""
-    return max(1, min(math.ceil(rows / max(1, rows_per_partition)), 4 * max(1, cores)))
+def partition_count(rows: int, cores: int, rows_per_partition: int = ROWS_PER_PARTITION, size: float = 0,
+                    bytes_per_partition: int = BYTES_PER_PARTITION) -> int:
+    """Spark partitions for a read of ``rows`` rows (``size`` bytes on disk): one per
+    ``rows_per_partition`` rows or per ``bytes_per_partition`` bytes, whichever gives more, at least 1,
+    at most 4 × cores (more only queue up as tasks; they make each query shorter, not the read faster)."""
+    by_rows = math.ceil(rows / max(1, rows_per_partition))
+    by_bytes = math.ceil(size / max(1, bytes_per_partition))
+    return max(1, min(max(by_rows, by_bytes), 4 * max(1, cores)))
 
 
 def plan_predicates(ranges: Sequence[SeqRange], num_partitions: int) -> list[str]:
@@ -475,14 +488,15 @@ def plan_predicates(ranges: Sequence[SeqRange], num_partitions: int) -> list[str
 
 def read_log(spark: "SparkSession", target: JdbcTarget, ranges: Sequence[SeqRange], *,
              num_partitions: int | None = None, rows_per_partition: int = ROWS_PER_PARTITION,
-             fetchsize: int = FETCH_SIZE, table: str = LOG_TABLE) -> "DataFrame":
+             fetchsize: int = FETCH_SIZE, table: str = LOG_TABLE, payloads: bool = True) -> "DataFrame":
     """The log rows of ``ranges`` as a DataFrame with columns queue_id, queue, partition, seq, topic,
     routing_key, size, payload (binary), headers (JSON text), created_at, expires_at.
 
     Spark prunes unused columns into the SQL (a read of ``size`` never transfers payloads) and pushes
-    simple filters down."""
+    simple filters down. ``payloads=False`` (such a pruned read) plans partitions by rows only."""
     cores = max(1, int(spark.sparkContext.defaultParallelism))
-    n = num_partitions or partition_count(sum(r.rows for r in ranges), cores, rows_per_partition)
+    size = sum(r.rows * r.row_bytes for r in ranges) if payloads else 0
+    n = num_partitions or partition_count(sum(r.rows for r in ranges), cores, rows_per_partition, size)
     predicates = plan_predicates(ranges, n)
     props = {k: v for k, v in target.properties.items()}
     props["fetchsize"] = str(fetchsize)
@@ -566,7 +580,7 @@ def bounded_ranges(conn, queue: QueueInfo, start: Position | None, end: Position
                                (queue.id, p, first, nxt, end.time)).fetchone()
             hi = row[0] + 1 if row else first
         if hi > lo:
-            ranges.append(SeqRange(queue.id, p, lo, hi))
+            ranges.append(SeqRange(queue.id, p, lo, hi, queue.row_bytes))
     return (ranges, start.time if start is not None else None, end.time if end is not None else None)
 
 

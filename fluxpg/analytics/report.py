@@ -71,7 +71,7 @@ def build(spark: "SparkSession", target: JdbcTarget, conn, *, bucket: str = "1h"
         else:
             r, t_from, t_to = bounded_ranges(conn, q, since, until)
             ranges += r
-    log = read_log(spark, target, ranges, num_partitions=num_partitions).select(
+    log = read_log(spark, target, ranges, num_partitions=num_partitions, payloads=False).select(
         "queue", "created_at", "size", "routing_key")
     if t_from is not None:
         log = log.where(F.col("created_at") >= F.lit(t_from))
@@ -91,7 +91,7 @@ def build(spark: "SparkSession", target: JdbcTarget, conn, *, bucket: str = "1h"
     # Dead letters: rows of the DLQ queues whose headers name the group that gave up on them.
     dlq_names = dlq_queue_names(conn, all_queues)
     dlq_ranges = full_ranges(all_queues[n] for n in dlq_names)
-    dead = (read_log(spark, target, dlq_ranges).select("headers")
+    dead = (read_log(spark, target, dlq_ranges, payloads=False).select("headers")
             .where(F.col("headers").contains('"_dlq_group"'))
             .select(F.get_json_object("headers", "$._dlq_original_queue").alias("queue"),
                     F.get_json_object("headers", "$._dlq_group").alias("group"))

@@ -123,6 +123,10 @@ def test_partition_count_follows_size():
     assert partition_count(1_000_000, 2) == 4
     assert partition_count(100_000_000, 2) == 8   # at most 4 × cores
     assert partition_count(100_000_000, 16) == 64
+    # large payloads: one partition per 256 MB on disk as well
+    assert partition_count(10_000, 2, size=10_000 * 100_000) == 4
+    assert partition_count(10_000, 16, size=10_000 * 100_000) == 4
+    assert partition_count(1_000, 16, size=0) == 1
 
 
 def _covered(predicates):

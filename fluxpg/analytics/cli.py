@@ -6,7 +6,7 @@ Run standalone as ``python -m fluxpg.analytics.cli``.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, Optional

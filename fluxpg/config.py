@@ -420,6 +420,8 @@ class QueueConfig(_Strict):
                 "visibility_timeout": format_duration(qm.visibility_timeout),
                 "max_pending": qm.max_pending_per_group,
                 "auto_commit_interval": format_duration(qm.auto_commit_interval),
+                "member_timeout": format_duration(qm.heartbeat_timeout),
+                "max_groups": qm.max_groups_per_stream,
             },
             # Kept in the database so every node (and a later config without it) knows the queue
             # is a catch-all that only takes what no other queue does.

@@ -17,7 +17,7 @@ LANGUAGE sql IMMUTABLE AS $$
     'retention', jsonb_build_object('max_age', CASE WHEN kind = 'stream' THEN '168h' ELSE '0' END,
                                     'max_length_bytes', 0, 'max_length_messages', 0),
     'delivery', jsonb_build_object('visibility_timeout', '30s', 'max_pending', 100000,
-                                   'auto_commit_interval', '5s'),
+                                   'auto_commit_interval', '5s', 'member_timeout', '30s', 'max_groups', 50),
     'primary_group', '',
     'reserved', false,
     'partitions', 1,
@@ -126,6 +126,12 @@ BEGIN
   END IF;
   IF NOT create_missing THEN
     RAISE EXCEPTION USING ERRCODE = 'FP005', MESSAGE = format('queue %L has no consumer group %L', q.name, grp);
+  END IF;
+  IF q.kind = 'stream' AND (SELECT count(*) FROM fluxpg.groups WHERE queue_id = q.id)
+       >= coalesce((q.settings #>> '{delivery,max_groups}')::int, 50) THEN
+    RAISE EXCEPTION USING ERRCODE = 'FP006',
+      MESSAGE = format('stream %L has %s consumer groups already (delivery.max_groups); group %L is refused',
+                       q.name, q.settings #>> '{delivery,max_groups}', grp);
   END IF;
   at := position('@' IN grp);
   flt := CASE WHEN at > 0 THEN substr(grp, at + 1) END;
@@ -241,6 +247,8 @@ BEGIN
     PERFORM fluxpg.filter_regex(t);  -- raises on an invalid filter
   END LOOP;
 
+  -- Two nodes declaring the same new queue at start-up: the second waits for the first.
+  PERFORM pg_advisory_xact_lock(hashtext('fluxpg.declare_queue'), hashtext(qname));
   SELECT * INTO q FROM fluxpg.queues WHERE queues.name = qname FOR UPDATE;
   IF FOUND THEN
     IF q.kind <> qkind THEN
@@ -707,6 +715,65 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION fluxpg.claim_stale(text, text, text, interval, int) IS 'XAUTOCLAIM: take over pending entries idle for at least min_idle';
 
+-- Partition assignment of a partitioned stream group (OCI Streaming semantics), run by a member
+-- each time it reads or heart-beats: members silent for delivery.member_timeout leave; the live
+-- members, ordered by name, share the partitions round robin ((partitions / members) ± 1 each;
+-- members beyond the partition count stay idle). A member hands over a partition it should no
+-- longer have by releasing it (auto-commit groups checkpoint it first: commit-on-get); a member
+-- takes a partition only when it is free or its owner left, and then starts at the checkpoint.
+-- Ownership changes under the cursor row lock, so a partition never has two owners at once.
+-- Returns the partitions this member owns (and holds locked) now.
+CREATE OR REPLACE FUNCTION fluxpg._rebalance(q fluxpg.queues, g fluxpg.groups, consumer text) RETURNS int[]
+LANGUAGE plpgsql AS $$
+DECLARE
+  timeout interval := fluxpg._interval(coalesce(q.settings #>> '{delivery,member_timeout}', '30s'));
+  joined boolean;
+  live text[];
+  m int;
+  c record;
+  owned int[] := '{}';
+  desired text;
+BEGIN
+  IF consumer IS NULL OR consumer = '' THEN
+    RAISE EXCEPTION USING ERRCODE = 'FP004', MESSAGE = 'consumer name must not be empty';
+  END IF;
+  INSERT INTO fluxpg.members AS mb (group_id, name, node_id, last_seen_at)
+  VALUES (g.id, consumer, nullif(current_setting('fluxpg.node_id', true), '')::int, now())
+  ON CONFLICT (group_id, name) DO UPDATE SET last_seen_at = now(), node_id = EXCLUDED.node_id
+  RETURNING (xmax = 0) INTO joined;
+  UPDATE fluxpg.groups SET last_active_at = now() WHERE id = g.id AND last_active_at < now() - interval '10 seconds';
+  DELETE FROM fluxpg.members WHERE group_id = g.id AND last_seen_at < now() - timeout;
+  SELECT array_agg(name ORDER BY name) INTO live FROM fluxpg.members WHERE group_id = g.id;
+  m := cardinality(live);
+  IF joined THEN
+    PERFORM pg_notify('fluxpg_log', q.id::text);   -- the others rebalance on their next read
+  END IF;
+  -- Look without locks first; lock (skipping rows a reading member holds) only what changes hands
+  -- or is ours.
+  FOR c IN SELECT cu.partition, cu.owner FROM fluxpg.cursors cu WHERE cu.group_id = g.id ORDER BY cu.partition LOOP
+    desired := live[(c.partition % m) + 1];
+    IF c.owner = consumer OR (desired = consumer AND (c.owner IS NULL OR NOT (c.owner = ANY (live)))) THEN
+      PERFORM 1 FROM fluxpg.cursors cu WHERE cu.group_id = g.id AND cu.partition = c.partition
+                                          AND cu.owner IS NOT DISTINCT FROM c.owner
+         FOR UPDATE SKIP LOCKED;
+      CONTINUE WHEN NOT FOUND;       -- being read right now, or it changed hands meanwhile
+      IF c.owner = consumer AND desired <> consumer THEN
+        UPDATE fluxpg.cursors SET owner = NULL, owner_seen_at = NULL,
+                                  committed = CASE WHEN g.auto_commit THEN cursor ELSE committed END,
+                                  last_commit_at = CASE WHEN g.auto_commit THEN now() ELSE last_commit_at END
+         WHERE group_id = g.id AND partition = c.partition;
+      ELSIF c.owner = consumer THEN
+        owned := owned || c.partition;
+      ELSE
+        UPDATE fluxpg.cursors SET owner = consumer, owner_seen_at = now(), cursor = committed
+         WHERE group_id = g.id AND partition = c.partition;
+        owned := owned || c.partition;
+      END IF;
+    END IF;
+  END LOOP;
+  RETURN owned;
+END $$;
+
 CREATE OR REPLACE FUNCTION fluxpg.read(queue text, grp text, consumer text, n int DEFAULT 1)
 RETURNS SETOF fluxpg.delivery LANGUAGE plpgsql AS $$
 DECLARE
@@ -715,28 +782,96 @@ DECLARE
   every interval;
   got int := 0;
   k int;
+  parts int[];
   start int;
-  part int;
 BEGIN
   IF n IS NULL OR n < 1 THEN
     RAISE EXCEPTION USING ERRCODE = 'FP004', MESSAGE = format('read: n must be at least 1, got %s', n);
   END IF;
   g := fluxpg._group(q, grp);
-  PERFORM fluxpg._touch_member(g.id, consumer);
-  every := fluxpg._interval(q.settings #>> '{delivery,auto_commit_interval}');
-  start := CASE WHEN q.partitions > 1 THEN floor(random() * q.partitions)::int ELSE 0 END;
-  FOR i IN 0 .. q.partitions - 1 LOOP
+  IF q.partitions > 1 THEN
+    -- Partitioned: this member's share of the partitions; commit-on-get (OCI's default).
+    parts := fluxpg._rebalance(q, g, consumer);
+    every := interval '0';
+  ELSE
+    -- One partition: every member reads it, one batch at a time (the cursor row lock).
+    PERFORM fluxpg._touch_member(g.id, consumer);
+    parts := ARRAY[0];
+    every := fluxpg._interval(q.settings #>> '{delivery,auto_commit_interval}');
+  END IF;
+  IF cardinality(parts) = 0 THEN RETURN; END IF;
+  start := floor(random() * cardinality(parts))::int;
+  FOR i IN 0 .. cardinality(parts) - 1 LOOP
     EXIT WHEN got >= n;
-    part := (start + i) % q.partitions;
-    -- A partition assigned to another live member is not ours to read.
-    CONTINUE WHEN EXISTS (SELECT 1 FROM fluxpg.cursors c WHERE c.group_id = g.id AND c.partition = part
-                            AND c.owner IS NOT NULL AND c.owner <> consumer);
-    RETURN QUERY SELECT * FROM fluxpg._scan(q, g, part, consumer, n - got, every);
+    RETURN QUERY SELECT * FROM fluxpg._scan(q, g, parts[(start + i) % cardinality(parts) + 1], consumer, n - got, every);
     GET DIAGNOSTICS k = ROW_COUNT;
     got := got + k;
   END LOOP;
 END $$;
-COMMENT ON FUNCTION fluxpg.read(text, text, text, int) IS 'Stream queues: up to n messages from the group cursor; no pending entries; auto-commit groups commit what earlier reads delivered';
+COMMENT ON FUNCTION fluxpg.read(text, text, text, int) IS 'Stream queues: up to n messages from the group cursor; no pending entries; auto-commit groups commit what earlier reads delivered (partitioned streams: this member''s partitions, commit-on-get)';
+
+CREATE OR REPLACE FUNCTION fluxpg.heartbeat(queue text, grp text, consumer text) RETURNS int[]
+LANGUAGE plpgsql AS $$
+DECLARE
+  q fluxpg.queues := fluxpg._queue(queue, 'stream', 'heartbeat');
+  g fluxpg.groups := fluxpg._group(q, grp);
+BEGIN
+  IF q.partitions = 1 THEN
+    PERFORM fluxpg._touch_member(g.id, consumer);
+    RETURN ARRAY[0];
+  END IF;
+  RETURN fluxpg._rebalance(q, g, consumer);
+END $$;
+COMMENT ON FUNCTION fluxpg.heartbeat(text, text, text) IS 'A stream group member that is alive but not reading keeps its partitions; returns the partitions it owns';
+
+-- A member leaves its group: its partitions are released (checkpointed for auto-commit groups)
+-- and the others take them on their next read.
+CREATE OR REPLACE FUNCTION fluxpg.leave(queue text, grp text, consumer text) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+  q fluxpg.queues := fluxpg._queue(queue);
+  g fluxpg.groups;
+BEGIN
+  SELECT * INTO g FROM fluxpg.groups WHERE queue_id = q.id AND name = grp;
+  IF NOT FOUND THEN RETURN; END IF;
+  UPDATE fluxpg.cursors SET owner = NULL, owner_seen_at = NULL,
+                            committed = CASE WHEN g.auto_commit AND g.mode = 'stream' THEN cursor ELSE committed END
+   WHERE group_id = g.id AND owner = consumer;
+  DELETE FROM fluxpg.members WHERE group_id = g.id AND name = consumer;
+  PERFORM pg_notify('fluxpg_log', q.id::text);
+END $$;
+
+-- Join a stream group: creates it when new and, only then, applies the start position
+-- (OCI: TRIM_HORIZON/first, AT_TIME/timestamp=N, LATEST/last; ignored for an existing group).
+-- Returns true when the group was created.
+CREATE OR REPLACE FUNCTION fluxpg.join_group(queue text, grp text, start_position text DEFAULT NULL) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+  q fluxpg.queues := fluxpg._queue(queue, 'stream', 'join_group');
+  existed boolean := EXISTS (SELECT 1 FROM fluxpg.groups WHERE queue_id = q.id AND name = grp);
+BEGIN
+  PERFORM fluxpg._group(q, grp);
+  IF NOT existed AND start_position IS NOT NULL THEN
+    PERFORM fluxpg.seek(queue, grp, start_position);
+  END IF;
+  RETURN NOT existed;
+END $$;
+
+-- Stream groups nobody used for the queue's retention period (retention.max_age) expire.
+CREATE OR REPLACE FUNCTION fluxpg.expire_groups() RETURNS int
+LANGUAGE plpgsql AS $$
+DECLARE k int;
+BEGIN
+  DELETE FROM fluxpg.groups g USING fluxpg.queues q
+   WHERE q.id = g.queue_id AND q.kind = 'stream'
+     AND fluxpg._interval(q.settings #>> '{retention,max_age}') > interval '0'
+     AND g.last_active_at < now() - fluxpg._interval(q.settings #>> '{retention,max_age}')
+     AND NOT EXISTS (SELECT 1 FROM fluxpg.members m WHERE m.group_id = g.id
+                      AND m.last_seen_at >= now() - fluxpg._interval(q.settings #>> '{retention,max_age}'));
+  GET DIAGNOSTICS k = ROW_COUNT;
+  RETURN k;
+END $$;
+COMMENT ON FUNCTION fluxpg.expire_groups() IS 'Delete stream groups unused for longer than their queue''s retention.max_age; returns how many';
 
 -- ---------------------------------------------------------------------------------------------
 -- Acknowledgement
@@ -1039,6 +1174,7 @@ BEGIN
     PERFORM fluxpg._forget_segment(s.queue_id, s.partition);
     k := k + 1;
   END LOOP;
+  PERFORM fluxpg.expire_groups();
   RETURN k;
 END $$;
 COMMENT ON FUNCTION fluxpg.enforce_retention() IS 'Drop the segments retention allows dropping now; returns how many (never DELETEs from the log)';

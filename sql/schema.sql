@@ -119,6 +119,12 @@ CREATE TABLE fluxpg.members (
     last_seen_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (group_id, name)
 );
+COMMENT ON COLUMN fluxpg.nodes.host IS 'Host name of the machine the node runs on';
+COMMENT ON COLUMN fluxpg.nodes.pid IS 'Process id of the node on its host';
+COMMENT ON COLUMN fluxpg.nodes.last_seen_at IS 'Last heartbeat; a node silent for heartbeat_timeout is removed by the others and its consumers'' pending entries released';
+COMMENT ON COLUMN fluxpg.members.name IS 'Consumer name (MQTT client id, AMQP consumer tag, …) as given to claim/read';
+COMMENT ON COLUMN fluxpg.members.node_id IS 'Node the consumer is connected to (NULL when it used SQL directly)';
+COMMENT ON COLUMN fluxpg.members.last_seen_at IS 'Last claim/read/heartbeat; partitioned stream members silent for delivery.member_timeout leave the group';
 COMMENT ON TABLE fluxpg.members IS 'Consumers known to a group, with the node they are connected to and when they were last seen';
 
 CREATE TYPE fluxpg.delivery AS (

@@ -71,7 +71,7 @@ class Subscription:
     def __init__(self, manager: QueueManager, queue: str, kind: str, group: str, consumer: str,
                  topic_filter: str | None, on_delivery: DeliveryCallback, credit: int | None,
                  on_error: ErrorCallback | None = None, queue_id: int | None = None,
-                 auto_commit: bool = True):
+                 auto_commit: bool = True, partitions: int = 1):
         self.manager = manager
         self.queue = queue
         self.kind = kind
@@ -81,6 +81,7 @@ class Subscription:
         self.filter = topic_filter
         self.queue_id = queue_id
         self.auto_commit = auto_commit
+        self.partitions = partitions
         self._on_delivery = on_delivery
         self._on_error = on_error
         self._credit = credit           # None: unlimited
@@ -178,7 +179,15 @@ class Subscription:
                 await self._deliver(own)
             while not self._closed:
                 if self._credit is not None and self._credit <= 0:
-                    await self._credit_event.wait()
+                    if self.kind == "stream" and self.partitions > 1:
+                        # A member that is busy (no credit) still heart-beats, or the group
+                        # would hand its partitions to others after delivery.member_timeout.
+                        try:
+                            await asyncio.wait_for(self._credit_event.wait(), poll)
+                        except asyncio.TimeoutError:
+                            await self._heartbeat()
+                    else:
+                        await self._credit_event.wait()
                     continue
                 waker = self.manager._waker(self.queue_id)
                 n = batch if self._credit is None else min(self._credit, batch)
@@ -210,6 +219,12 @@ class Subscription:
             log.exception("subscription %s/%s stopped", self.queue, self.consumer)
             await self._fail(db.translate_error(exc))
 
+    async def _heartbeat(self) -> None:
+        try:
+            await self.manager.pool.execute("SELECT fluxpg.heartbeat($1, $2, $3)", self.queue, self.group, self.consumer)
+        except Exception as exc:  # noqa: BLE001 - the next read retries
+            log.warning("heartbeat of %s/%s failed: %s", self.queue, self.consumer, exc)
+
     async def _auto_commit(self) -> None:
         for part, seq in list(self._delivered_max.items()):
             if self._committed_max.get(part, -1) < seq:
@@ -239,8 +254,14 @@ class Subscription:
             except (asyncio.CancelledError, Exception):  # noqa: BLE001
                 pass
             self._task = None
-        if self.kind == "stream" and self.auto_commit:
-            await self._auto_commit()
+        if self.kind == "stream":
+            if self.auto_commit:
+                await self._auto_commit()
+            try:
+                # Hand this member's partitions to the rest of the group now, not after a timeout.
+                await self.manager.pool.execute("SELECT fluxpg.leave($1, $2, $3)", self.queue, self.group, self.consumer)
+            except Exception as exc:  # noqa: BLE001 - the member times out instead
+                log.warning("leaving %s/%s failed: %s", self.queue, self.group, exc)
         self.manager._detach(self)
 
 
@@ -542,7 +563,11 @@ class QueueManager:
                 if auto_commit is not None and auto_commit != effective_auto:
                     await stream.configure(self.pool, queue, internal, auto_commit)
                     effective_auto = auto_commit
-                if pos is not None:
+                if info.partitions > 1:
+                    # OCI semantics: a start position applies to a new group only; members
+                    # share the partitions and resume from the group's checkpoint.
+                    await self.pool.execute("SELECT fluxpg.join_group($1, $2, $3)", queue, internal, pos)
+                elif pos is not None:
                     await stream.seek(self.pool, queue, internal, pos)
                 elif not any(s.queue == queue and s.group == internal for s in self.subscriptions):
                     await stream.seek(self.pool, queue, internal, "resume")
@@ -551,7 +576,7 @@ class QueueManager:
         except Exception as exc:  # noqa: BLE001
             raise db.translate_error(exc) from exc
         sub = Subscription(self, queue, info.kind, internal, consumer, filter, on_delivery, credit, on_error,
-                           queue_id=info.id, auto_commit=effective_auto)
+                           queue_id=info.id, auto_commit=effective_auto, partitions=info.partitions)
         self.subscriptions.add(sub)
         sub.start()
         return sub

@@ -44,6 +44,12 @@ class InvalidArgument(FluxError):
     code = "invalid"
 
 
+class LimitExceeded(FluxError):
+    """A configured limit refuses the request (e.g. delivery.max_groups of a stream)."""
+
+    code = "limit"
+
+
 class Unavailable(FluxError):
     """The database could not be reached or the transaction failed: nothing was confirmed."""
 
@@ -56,6 +62,8 @@ SQLSTATE_ERRORS: dict[str, type[FluxError]] = {
     "FP002": WrongQueueKind,
     "FP003": QueueFull,
     "FP004": InvalidArgument,
+    "FP005": InvalidArgument,   # unknown group
+    "FP006": LimitExceeded,
     "54000": PayloadTooLarge,  # program_limit_exceeded
     "22023": InvalidArgument,  # invalid_parameter_value
 }

@@ -413,7 +413,8 @@ def test_to_settings_defaults():
         "primary_group": "",
         "partitions": 1,
         "segment_size": 100000,
-        "delivery": {"visibility_timeout": "30s", "max_pending": 100000, "auto_commit_interval": "5s"},
+        "delivery": {"visibility_timeout": "30s", "max_pending": 100000, "auto_commit_interval": "5s",
+                     "member_timeout": "30s", "max_groups": 50},
         "reserved": False,
     }
 
@@ -439,7 +440,8 @@ def test_to_settings_from_file(tmp_path):
     assert settings["retention"]["max_age"] == "168h"
     assert settings["limits"]["message_ttl"] == "0s"
     assert settings["dlq"] == {"enabled": True, "topic": "dead"}
-    assert settings["delivery"] == {"visibility_timeout": "1m30s", "max_pending": 7, "auto_commit_interval": "5s"}
+    assert settings["delivery"] == {"visibility_timeout": "1m30s", "max_pending": 7, "auto_commit_interval": "5s",
+                                     "member_timeout": "30s", "max_groups": 50}
     assert (settings["primary_group"], settings["partitions"]) == ("billing", 2)
     # The stored settings describe the same queue when read back.
     again = QueueConfig(name="ev", **{k: settings[k] for k in ("limits", "retry", "retention", "partitions")})

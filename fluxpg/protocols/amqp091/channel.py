@@ -606,19 +606,20 @@ class Channel:
             if isinstance(offset, bool) or seq < 0:
                 raise channel_error(PRECONDITION_FAILED, f"x-offset {offset!r} is not an offset", m)
             # x-offset is the last processed offset; the checkpoint is the first one not processed.
-            await self.manager.commit(queue, _text_arg(group), seq + 1)
+            await self.manager.commit(queue, _text_arg(group), seq + 1, _partition_header(headers, m))
             return
         message_id = headers.get("message-id")
         group = headers.get("group-id")
         if message_id in (None, "") or group in (None, ""):
             raise channel_error(PRECONDITION_FAILED, f"a ${verb} needs the headers message-id and group-id", m)
         _q, seq = parse_message_id(_text_arg(message_id))
+        partition = _partition_header(headers, m)
         if verb == "ack":
-            await self.manager.ack(queue, _text_arg(group), [seq])
+            await self.manager.ack(queue, _text_arg(group), [seq], partition=partition)
         elif verb == "nack":
-            await self.manager.nack(queue, _text_arg(group), [seq])
+            await self.manager.nack(queue, _text_arg(group), [seq], partition=partition)
         else:
-            await self.manager.reject(queue, _text_arg(group), [seq], headers.get("reason"))
+            await self.manager.reject(queue, _text_arg(group), [seq], headers.get("reason"), partition=partition)
 
     async def _confirm_loop(self) -> None:
         try:
@@ -964,3 +965,18 @@ _HANDLERS = {
 }
 
 __all__ = ["Channel", "Consumer"]
+
+
+def _partition_header(headers: dict, method) -> int:
+    """The partition of a partitioned stream named by an ack/commit publish (`x-stream-partition`,
+    as deliveries carry it); 0 for everything else."""
+    value = headers.get("x-stream-partition")
+    if value in (None, ""):
+        return 0
+    try:
+        partition = int(_text_arg(value)) if not isinstance(value, int) else value
+    except ValueError:
+        raise channel_error(PRECONDITION_FAILED, f"x-stream-partition {value!r} is not an integer", method) from None
+    if isinstance(value, bool) or partition < 0:
+        raise channel_error(PRECONDITION_FAILED, f"x-stream-partition {value!r} is not a partition", method)
+    return partition

@@ -217,9 +217,12 @@ class EmbeddedPostgres:
     ``durable=False`` turns off fsync and synchronous commit: for throwaway test servers only.
     """
 
-    def __init__(self, data_dir: Path | str | None = None, *, durable: bool = True) -> None:
+    def __init__(self, data_dir: Path | str | None = None, *, durable: bool = True, tcp: bool = False) -> None:
         self.data_dir = Path(data_dir).expanduser().resolve() if data_dir else default_data_dir()
         self.durable = durable
+        # tcp=True also listens on 127.0.0.1 (a free port): JDBC (Spark) cannot use a unix socket.
+        self.tcp = tcp
+        self._port = 5432
         # Reentrant: stop() may run from a signal handler that interrupted start() in this thread.
         self._state_lock = threading.RLock()
         self._lock_fd: int | None = None
@@ -257,9 +260,12 @@ class EmbeddedPostgres:
         return self.dsn_for("postgres")
 
     def dsn_for(self, database: str) -> str:
+        if self.tcp:
+            self.socket_dir  # raises when not running
+            return f"postgresql://postgres@127.0.0.1:{self._port}/{quote(database, safe='')}"
         # The port names the socket file (.s.PGSQL.5432); given explicitly so PGPORT cannot change it.
         host = quote(str(self.socket_dir), safe="/")
-        return f"postgresql://postgres@/{quote(database, safe='')}?host={host}&port=5432"
+        return f"postgresql://postgres@/{quote(database, safe='')}?host={host}&port={self._port}"
 
     def start(self) -> "EmbeddedPostgres":
         with self._state_lock:
@@ -442,7 +448,14 @@ class EmbeddedPostgres:
         if self._user is not None and socket_dir != self.data_dir:
             ensure_prefix_permissions(socket_dir)
             socket_dir.chmod(0o777)
-        options = f"-h '' -k {shlex.quote(str(socket_dir))} -p 5432"
+        if self.tcp:
+            import socket as _socket
+
+            with _socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                self._port = probe.getsockname()[1]
+        listen = "127.0.0.1" if self.tcp else "''"
+        options = f"-h {listen} -k {shlex.quote(str(socket_dir))} -p {self._port}"
         if not self.durable:
             options += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
         log_file = self.data_dir / _LOG_NAME

@@ -78,7 +78,7 @@ def test_server() -> Iterator[str]:
     tmp = Path(tempfile.mkdtemp(prefix="fluxpg-test-"))
     try:
         # durable=False: no fsync; the directory is deleted afterwards anyway.
-        with EmbeddedPostgres(tmp / "pgdata", durable=False) as pg:
+        with EmbeddedPostgres(tmp / "pgdata", durable=False, tcp=True) as pg:
             log.info("test server: embedded PostgreSQL in %s", tmp)
             yield pg.dsn
     finally:

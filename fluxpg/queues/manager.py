@@ -28,6 +28,7 @@ from typing import Any
 import asyncpg
 
 from fluxpg import db
+from fluxpg.aio import cancel_and_wait
 from fluxpg.config import Config, QueueConfig, QueueManagerConfig
 from fluxpg.queues import classic, stream
 from fluxpg.queues.appender import Appender, AppendRow
@@ -247,13 +248,8 @@ class Subscription:
             return
         self._closed = True
         self._credit_event.set()
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):  # noqa: BLE001
-                pass
-            self._task = None
+        await cancel_and_wait([self._task])
+        self._task = None
         if self.kind == "stream":
             if self.auto_commit:
                 await self._auto_commit()
@@ -326,13 +322,7 @@ class QueueManager:
             await sub.close()
         if self.appender is not None:
             await self.appender.close()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):  # noqa: BLE001
-                pass
+        await cancel_and_wait(self._tasks)
         if self._retention is not None:
             await self._retention.close()
         if self._listener is not None:

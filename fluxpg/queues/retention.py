@@ -14,6 +14,7 @@ import logging
 import asyncpg
 
 from fluxpg import db
+from fluxpg.aio import cancel_and_wait
 
 log = logging.getLogger("fluxpg.retention")
 
@@ -81,11 +82,6 @@ class RetentionLoop:
             await asyncio.sleep(self.interval)
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):  # noqa: BLE001
-                pass
+        await cancel_and_wait([self._task])
         if self._conn is not None and not self._conn.is_closed():
             await self._conn.close()

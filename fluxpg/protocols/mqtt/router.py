@@ -30,6 +30,7 @@ from datetime import datetime, timedelta, timezone
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+from fluxpg.aio import cancel_and_wait
 from fluxpg import db
 from fluxpg.topics import TopicTree, parse_shared, topic_matches
 
@@ -186,13 +187,7 @@ class Router:
         deadline = time.monotonic() + 5
         while self._writes and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):  # noqa: BLE001
-                pass
+        await cancel_and_wait(self._tasks)
         for _kind, _msg, fut in self._writes:
             if fut is not None and not fut.done():
                 fut.set_exception(ConnectionError("broker shutting down"))

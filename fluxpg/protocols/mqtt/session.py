@@ -47,6 +47,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from fluxpg.aio import cancel_and_wait
 from fluxpg.queues.types import (Delivery, FluxError, InvalidArgument, PayloadTooLarge, QueueFull, UnknownQueue,
                                  WrongQueueKind, parse_message_id)
 from fluxpg.topics import ack_verb, is_queue_topic, parse_queue_topic, split_queue_subscription
@@ -502,13 +503,7 @@ class Connection:
 
     async def _cleanup(self) -> None:
         try:
-            for task in self._tasks:
-                task.cancel()
-            for task in self._tasks:
-                try:
-                    await task
-                except (asyncio.CancelledError, Exception):  # noqa: BLE001
-                    pass
+            await cancel_and_wait(self._tasks)
             sess = self.session
             if sess is not None and sess.conn is self:
                 await self._detach(sess)

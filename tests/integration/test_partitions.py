@@ -192,3 +192,42 @@ async def test_order_and_exclusivity_with_members_joining_and_leaving(dsn, qname
         assert first_seen == sorted(first_seen)
         assert set(offsets) == set(range(heads[part])), f"partition {part} incomplete"
     await setup.close()
+
+
+async def test_python_subscriptions_share_a_partitioned_stream(manager_factory, qname):
+    """Two members through the queue manager split the partitions; when one leaves, the other
+    takes its partitions from the checkpoint: every message arrives, in order per partition."""
+    from fluxpg.config import QueueConfig
+
+    mgr = await manager_factory([QueueConfig(name=qname, type="stream", partitions=4)])
+    for i in range(40):
+        await mgr.publish(f"$queue/{qname}/k", b"%d" % i, {"x-partition-key": f"key-{i % 8}"})
+    got: dict[str, list] = {"a": [], "b": []}
+    done = asyncio.Event()
+
+    def inbox(name):
+        def on_delivery(d):
+            got[name].append((d.partition, d.seq, d.properties()["x-stream-partition"]))
+            if len({(p, s) for p, s, _ in got["a"] + got["b"]}) >= 40:
+                done.set()
+        return on_delivery
+
+    a = await mgr.subscribe(qname, "g", "a", on_delivery=inbox("a"), credit=3)
+    b = await mgr.subscribe(qname, "g", "b", on_delivery=inbox("b"), credit=3)
+    await asyncio.sleep(1.0)
+    for sub in (a, b):
+        sub.set_credit(None)
+    await asyncio.sleep(0.5)
+    await a.close()                       # a leaves: b takes a's partitions
+    await asyncio.wait_for(done.wait(), 20)
+    everything = got["a"] + got["b"]
+    assert all(str(p) == prop for p, _, prop in everything)
+    per_partition: dict[int, list[int]] = defaultdict(list)
+    for p, s, _ in everything:
+        per_partition[p].append(s)
+    for offsets in per_partition.values():
+        first_seen = list(dict.fromkeys(offsets))
+        assert first_seen == sorted(first_seen) == list(range(len(first_seen)))
+    assert sum(len(set(v)) for v in per_partition.values()) == 40
+    assert got["b"], "b never got a partition"
+    await b.close()

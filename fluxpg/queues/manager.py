@@ -606,6 +606,8 @@ class QueueManager:
         kind = await self._kind(queue)
         if kind == "ephemeral":
             return 0
+        if kind == "stream":
+            return await stream.checkpoint(self.pool, queue, group, seqs, partition)
         return await classic.ack(self.pool, queue, group, seqs, partition)
 
     async def nack(self, queue: str, group: str, seqs: list[int], partition: int = 0) -> int:
@@ -613,8 +615,7 @@ class QueueManager:
         kind = await self._kind(queue)
         if kind == "ephemeral":
             return 0
-        result = await classic.nack(self.pool, queue, group, seqs, partition)
-        return result
+        return await classic.nack(self.pool, queue, group, seqs, partition)   # a no-op for streams (in SQL)
 
     async def reject(self, queue: str, group: str, seqs: list[int], reason: str | None = None,
                      partition: int = 0) -> int:

@@ -13,13 +13,24 @@ One `Router` per broker process (created on the first MQTT connection, kept in c
   a SUBSCRIBE reads the rows under its filter's literal prefix and matches them in Python.
 * Sessions (subscriptions, undelivered QoS 1/2 messages) are kept in this process's memory: a
   persistent session survives reconnects to the same node, not a restart or a move to another node.
-* Shared subscriptions `$share/<group>/<filter>` are balanced round robin over the group's sessions
-  on this node; with members on several nodes each node delivers one copy (documented limit).
+* Shared subscriptions `$share/<group>/<filter>`: each message goes to one member of the group
+  across all nodes (§4.8.2). `fluxpg.mqtt_shared` holds a row per (group, filter, node) while that
+  node has members; every node keeps a copy in memory (`shared_nodes`), reloaded when the table's
+  trigger sends NOTIFY fluxpg_mqtt_shared and every housekeeping round. Every message carries its
+  publishing node and that node's own sequence number (the relay stores both), so every node
+  computes the same owner -- a hash of (node, seq, group, filter) over the sorted node ids having
+  members -- without asking the database; only the owner delivers, round robin over its local
+  members. Change window: while a node joins or leaves a group (its row written, the NOTIFY not yet
+  handled everywhere; a node dead but not yet past heartbeat_timeout) nodes may disagree, so a
+  message may reach the group twice or not at all. A node whose first member just subscribed
+  delivers to it only once the other nodes can see it (unless no node is listed yet: then it
+  delivers, as a single node always does).
 """
 from __future__ import annotations
 
 import asyncio
 import base64
+import itertools
 import json
 import logging
 import re
@@ -40,10 +51,37 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("fluxpg.mqtt.router")
 
 RELAY_CHANNEL = "fluxpg_mqtt"
+SHARED_CHANNEL = "fluxpg_mqtt_shared"     # sent by fluxpg.mqtt_shared's trigger (sql/mqtt_shared.sql)
 RELAY_KEEP = timedelta(seconds=60)    # relay rows older than this are pruned by their node
 HOUSEKEEPING_INTERVAL = 2.0       # seconds between remote-node checks and prunes
 RELAY_MAX_BATCH = 1000
 OFFLINE_QUEUE_LIMIT = 10_000      # QoS 1/2 messages kept for a disconnected persistent session
+SHARED_RETRY = 1.0                # seconds before a failed shared-membership write is retried
+_M64 = (1 << 64) - 1
+
+
+def _mix64(x: int) -> int:
+    """splitmix64's finaliser: a well-spread 64-bit hash that is the same in every process
+    (Python's hash() of a str is salted per process, so nodes would disagree)."""
+    x &= _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
+def _key_hash(share: str, inner: str) -> int:
+    h = 0xCBF29CE484222325                      # FNV-1a over the group and filter, then mixed
+    for byte in f"{share}\x00{inner}".encode():
+        h = ((h ^ byte) * 0x100000001B3) & _M64
+    return _mix64(h)
+
+
+def shared_owner(nodes: tuple[int, ...], node: int, seq: int, key_hash: int) -> int:
+    """The node that delivers message (node, seq) to a shared group, among `nodes` (sorted).
+
+    Every node evaluates this with the same arguments, so exactly one of them delivers.
+    """
+    return nodes[_mix64(_mix64((node << 40) ^ seq) ^ key_hash) % len(nodes)]
 
 
 @lru_cache(maxsize=None)
@@ -73,6 +111,8 @@ class Message:
     props: dict[str, Any] = field(default_factory=dict)
     expires_at: float | None = None
     origin: str | None = None         # publisher's client id (no-local)
+    node: int = 0                     # fluxpg.nodes.id of the node it was published on
+    seq: int = 0                      # that node's message number: with node, picks shared owners
 
     def expired(self, now: float | None = None) -> bool:
         return self.expires_at is not None and (now or time.time()) >= self.expires_at
@@ -155,6 +195,18 @@ class Router:
         # (share, inner filter) -> client ids of members, in join order; round robin position
         self.shared: dict[tuple[str, str], list[str]] = {}
         self._rr: dict[tuple[str, str], int] = {}
+        # (share, inner) -> sorted ids of the live nodes with members, as fluxpg.mqtt_shared says
+        # (this node included once its own row is visible); hashes of the keys, cached
+        self.shared_nodes: dict[tuple[str, str], tuple[int, ...]] = {}
+        self._key_hashes: dict[tuple[str, str], int] = {}
+        self._shared_dirty: dict[tuple[str, str], None] = {}     # ordered set: rows to write
+        self._shared_waiters: list[asyncio.Future] = []
+        self._shared_writing = False                             # a write is under way
+        self._shared_wake = asyncio.Event()
+        self._shared_reload = asyncio.Event()
+        self._seq = itertools.count(1)
+        self._reload_tickets = itertools.count(1)
+        self._reload_applied = 0
         self.remote_nodes = 0
         self._writes: deque[tuple[str, Message, asyncio.Future | None]] = deque()
         self._write_wake = asyncio.Event()
@@ -170,12 +222,16 @@ class Router:
 
     async def start(self) -> None:
         await self._refresh_nodes()
-        self._listener = db.Listener(self.manager.dsn, {RELAY_CHANNEL: self._on_notify})
+        self._listener = db.Listener(self.manager.dsn, {RELAY_CHANNEL: self._on_notify,
+                                                        SHARED_CHANNEL: self._on_shared_notify})
         await self._listener.start()
+        await self._reload_shared()
         self._tasks = [
             asyncio.create_task(self._writer(), name="fluxpg-mqtt-relay-writer"),
             asyncio.create_task(self._reader(), name="fluxpg-mqtt-relay-reader"),
             asyncio.create_task(self._housekeeping(), name="fluxpg-mqtt-housekeeping"),
+            asyncio.create_task(self._shared_syncer(), name="fluxpg-mqtt-shared-sync"),
+            asyncio.create_task(self._shared_reloader(), name="fluxpg-mqtt-shared-reload"),
         ]
 
     async def close(self) -> None:
@@ -188,6 +244,16 @@ class Router:
         while self._writes and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
         await cancel_and_wait(self._tasks)
+        for fut in self._shared_waiters:
+            if not fut.done():
+                fut.set_result(None)
+        self._shared_waiters.clear()
+        try:
+            # Tell the other nodes at once that this node's members are gone (deregistering the
+            # node would cascade too, but only once the queue manager closes).
+            await self.manager.pool.execute(mqtt_queries()["shared_clear_node"], self.node_id)
+        except Exception as exc:  # noqa: BLE001 - the node row's ON DELETE CASCADE still cleans up
+            log.warning("removing this node's shared subscription groups failed: %s", exc)
         for _kind, _msg, fut in self._writes:
             if fut is not None and not fut.done():
                 fut.set_exception(ConnectionError("broker shutting down"))
@@ -205,6 +271,7 @@ class Router:
             await asyncio.sleep(HOUSEKEEPING_INTERVAL)
             try:
                 await self._refresh_nodes()
+                await self._reload_shared()
                 await self.manager.pool.execute(q["relay_prune"], self.node_id, RELAY_KEEP)
                 await self.manager.pool.execute(q["retained_prune"])
             except asyncio.CancelledError:
@@ -227,6 +294,7 @@ class Router:
                 self.tree.add(opts.inner, ("s", opts.share, opts.inner))
             if sess.client_id not in members:
                 members.append(sess.client_id)
+                self._shared_changed(key)
         else:
             self.tree.add(opts.inner, ("c", sess.client_id, opts.topic_filter))
         return not existed
@@ -240,9 +308,11 @@ class Router:
             members = self.shared.get(key, [])
             if sess.client_id in members:
                 members.remove(sess.client_id)
+                self._shared_changed(key)
             if not members:
                 self.shared.pop(key, None)
                 self._rr.pop(key, None)
+                self._key_hashes.pop(key, None)
                 self.tree.remove(opts.inner, ("s", opts.share, opts.inner))
         else:
             self.tree.remove(opts.inner, ("c", sess.client_id, opts.topic_filter))
@@ -262,6 +332,8 @@ class Router:
         Returns a future that resolves when what the publisher must wait for (retained store,
         relay to other nodes) has committed, or None when nothing needs the database.
         """
+        msg.node = self.node_id
+        msg.seq = next(self._seq)
         self.route(msg)
         fut: asyncio.Future | None = None
         if msg.retain:
@@ -298,6 +370,8 @@ class Router:
             else:
                 # Shared: one member of the group gets it, as its own delivery (§4.8.2).
                 _, share, inner = value
+                if not self._owns_shared((share, inner), msg):
+                    continue        # another node delivers it to this group
                 target = self._pick_shared((share, inner))
                 opts = target.subs.get(f"$share/{share}/{inner}") if target is not None else None
                 if opts is not None:
@@ -308,6 +382,22 @@ class Router:
             self.sessions[cid].deliver_plain(msg, opts_list)
             delivered += 1
         return delivered
+
+    def _owns_shared(self, key: tuple[str, str], msg: Message) -> bool:
+        """Does this node deliver msg to shared group `key` (this node has members of it)?"""
+        nodes = self.shared_nodes.get(key)
+        if not nodes:
+            # No node is listed yet (this node's first member has not been written, or the
+            # database is unreachable): deliver, as a single node does.
+            return True
+        if len(nodes) == 1:
+            # Only this node: its own. Only another: this node's members are not visible to the
+            # others yet, so that node takes every message; this one takes none (no duplicates).
+            return nodes[0] == self.node_id
+        kh = self._key_hashes.get(key)
+        if kh is None:
+            kh = self._key_hashes[key] = _key_hash(*key)
+        return shared_owner(nodes, msg.node, msg.seq, kh) == self.node_id
 
     def _pick_shared(self, key: tuple[str, str]) -> Session | None:
         """Round robin over the group's members, preferring connected sessions."""
@@ -387,7 +477,8 @@ class Router:
                         q["relay_insert"], self.node_id,
                         [m.origin for m in relay], [m.topic for m in relay], [m.payload for m in relay],
                         [m.qos for m in relay], [m.retain for m in relay],
-                        [props_to_json(m.props) for m in relay], [_ts(m.expires_at) for m in relay])
+                        [props_to_json(m.props) for m in relay], [_ts(m.expires_at) for m in relay],
+                        [m.seq for m in relay])
                     self.relayed_out += len(relay)
 
     # --- the relay reader ---------------------------------------------------------------------
@@ -419,7 +510,105 @@ class Router:
             for r in rows:
                 self.relayed_in += 1
                 self.route(Message(r["topic"], bytes(r["payload"]), r["qos"], r["retain"],
-                                   props_from_json(r["props"]), _unix(r["expires_at"]), r["origin"]))
+                                   props_from_json(r["props"]), _unix(r["expires_at"]), r["origin"],
+                                   node, r["seq"]))
+
+    # --- shared groups across nodes (fluxpg.mqtt_shared) ---------------------------------------
+
+    def _shared_changed(self, key: tuple[str, str]) -> None:
+        self._shared_dirty[key] = None
+        self._shared_wake.set()
+
+    def shared_written(self) -> asyncio.Future:
+        """Resolves once this node's shared-group changes made so far are in the database (or the
+        write failed and will be retried): SUBACK waits for it, so that after it the other nodes
+        learn of the new member within one NOTIFY."""
+        fut = asyncio.get_running_loop().create_future()
+        if (not self._shared_dirty and not self._shared_writing) or self.closing:
+            fut.set_result(None)
+        else:
+            self._shared_waiters.append(fut)
+            self._shared_wake.set()
+        return fut
+
+    async def _shared_syncer(self) -> None:
+        """Writes this node's member count of each changed group: first member inserts the row,
+        last one deletes it (the table's trigger tells every node), others update the count."""
+        q = mqtt_queries()
+        while True:
+            await self._shared_wake.wait()
+            self._shared_wake.clear()
+            if not self._shared_dirty:
+                waiters, self._shared_waiters = self._shared_waiters, []
+                for fut in waiters:
+                    if not fut.done():
+                        fut.set_result(None)
+                continue
+            keys = list(self._shared_dirty)
+            self._shared_dirty.clear()
+            waiters, self._shared_waiters = self._shared_waiters, []
+            self._shared_writing = True
+            failed = False
+            try:
+                async with self.manager.pool.acquire() as conn:
+                    async with conn.transaction():
+                        for share, inner in keys:
+                            count = len(self.shared.get((share, inner), ()))
+                            if count:
+                                await conn.execute(q["shared_set"], share, inner, self.node_id, count)
+                            else:
+                                await conn.execute(q["shared_clear"], share, inner, self.node_id)
+            except asyncio.CancelledError:
+                for key in keys:
+                    self._shared_dirty.setdefault(key, None)
+                self._shared_waiters[:0] = waiters
+                raise
+            except Exception as exc:  # noqa: BLE001 - retried; until then the other nodes lag
+                log.warning("writing shared subscription groups failed (retrying): %s", exc)
+                for key in keys:
+                    self._shared_dirty.setdefault(key, None)
+                # Nobody waits for the retry: SUBACKs go out, the members count locally.
+                waiters += self._shared_waiters
+                self._shared_waiters = []
+                failed = True
+                asyncio.get_running_loop().call_later(SHARED_RETRY, self._shared_wake.set)
+            finally:
+                self._shared_writing = False
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_result(None)
+            if not failed and (self._shared_dirty or self._shared_waiters):
+                self._shared_wake.set()
+
+    def _on_shared_notify(self, _payload: str | None) -> None:
+        # Any change (or a LISTEN reconnect, payload None): reload the whole small table.
+        self._shared_reload.set()
+
+    async def _shared_reloader(self) -> None:
+        while True:
+            await self._shared_reload.wait()
+            self._shared_reload.clear()
+            try:
+                await self._reload_shared()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - housekeeping reloads again
+                log.warning("reloading shared subscription groups failed: %s", exc)
+
+    async def _reload_shared(self) -> None:
+        # Housekeeping and the NOTIFY reloader may overlap: a reload started earlier (an older
+        # snapshot) must not replace the result of one started later.
+        ticket = next(self._reload_tickets)
+        rows = await self.manager.pool.fetch(mqtt_queries()["shared_nodes"], self.manager.qm.heartbeat_timeout)
+        if ticket < self._reload_applied:
+            return
+        self._reload_applied = ticket
+        nodes = {(r["share_group"], r["filter"]): tuple(r["nodes"]) for r in rows}
+        self.shared_nodes = nodes
+        if not self.remote_nodes and any(n != self.node_id for ids in nodes.values() for n in ids):
+            # Another node has shared members: it must get this node's messages from now on,
+            # without waiting for the next remote_nodes count.
+            self.remote_nodes = 1
 
 
 def make_sub_options(topic_filter: str, qos: int, no_local: bool, rap: bool, rh: int,
@@ -429,4 +618,5 @@ def make_sub_options(topic_filter: str, qos: int, no_local: bool, rap: bool, rh:
     return SubOptions(topic_filter, qos, no_local, rap, rh, sid, share, inner)
 
 
-__all__ = ["Router", "Message", "SubOptions", "make_sub_options", "mqtt_queries", "retained_like_pattern"]
+__all__ = ["Router", "Message", "SubOptions", "make_sub_options", "mqtt_queries", "retained_like_pattern",
+           "shared_owner"]

@@ -966,14 +966,20 @@ class Connection:
         codes: list[ReasonCode] = []
         reasons: list[str] = []
         retained: list[tuple[Any, bool]] = []
+        shared = False
         for s in p.subscriptions:
             if s.topic_filter.startswith("$queue/"):
                 rc, why = await self._subscribe_queue(s, p.properties, sid)
             else:
                 rc, why = self._subscribe_plain(s, sid, retained)
+                shared = shared or (s.topic_filter.startswith("$share/") and rc < 0x80)
             codes.append(rc)
             if why:
                 reasons.append(f"{s.topic_filter}: {why}")
+        if shared:
+            # A new shared member: SUBACK once the other nodes can learn of it (fluxpg.mqtt_shared
+            # written), so the group's messages are split with it from about then on.
+            await self.router.shared_written()
         props = Properties(reason_string="; ".join(reasons)[:200]) if (reasons and self.v5) else Properties()
         self.write(Suback(p.packet_id, codes, props))
         for opts, _new in retained:

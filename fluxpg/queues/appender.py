@@ -110,8 +110,9 @@ class Appender:
                 [r.queue_id for r in rows],
                 [r.topic for r in rows],
                 [r.payload for r in rows],
-                [r.headers for r in rows],
-                [r.key for r in rows],
+                # NULL instead of arrays of NULLs: nothing to encode for the common case.
+                [r.headers for r in rows] if any(r.headers for r in rows) else None,
+                [r.key for r in rows] if any(r.key is not None for r in rows) else None,
             )
         self.batches += 1
         self.rows += len(rows)

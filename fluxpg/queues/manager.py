@@ -56,10 +56,10 @@ class QueueInfo:
     topics: list[str]
     partitions: int
     settings: dict[str, Any]
+    max_message_size: int = 0   # from settings, kept apart: the publish path checks it per message
 
-    @property
-    def max_message_size(self) -> int:
-        return int(self.settings.get("limits", {}).get("max_message_size", 0) or 0)
+    def __post_init__(self) -> None:
+        self.max_message_size = int(self.settings.get("limits", {}).get("max_message_size", 0) or 0)
 
     @property
     def primary_group(self) -> str:
@@ -467,19 +467,23 @@ class QueueManager:
                   partition_key: str | None) -> list[AppendRow] | tuple[str, int]:
         """The log rows one publish becomes (one per matching durable queue), or — when no
         durable queue matches — the (queue, offset) it got in an ephemeral queue."""
-        validate_topic_name(topic)
-        if not is_queue_topic(topic) and not topic.startswith("$dlq/"):
-            raise InvalidArgument(f"topic {topic!r} is not a queue topic ($queue/<name>/...)")
-        targets = self.route(topic)
+        targets = self._routes.get(topic)   # a cached topic was validated when it was cached
+        if targets is None:
+            validate_topic_name(topic)
+            if not is_queue_topic(topic) and not topic.startswith("$dlq/"):
+                raise InvalidArgument(f"topic {topic!r} is not a queue topic ($queue/<name>/...)")
+            targets = self.route(topic)
         if not targets:
             qt = parse_queue_topic(topic)
             return qt.queue, self.ephemeral.get(qt.queue).publish(topic, payload, headers)
+        size = len(payload)
         for q in targets:
-            if q.max_message_size and len(payload) > q.max_message_size:
+            if q.max_message_size and size > q.max_message_size:
                 raise PayloadTooLarge(f"message of {len(payload)} bytes exceeds limits.max_message_size "
                                       f"{q.max_message_size} of queue {q.name!r}")
-        key = partition_key or (headers or {}).get("x-partition-key")
-        key = str(key) if key is not None else None
+        key = partition_key or (headers.get("x-partition-key") if headers else None)
+        if key is not None:
+            key = str(key)
         return [AppendRow(q.id, topic, payload, headers, key) for q in targets]
 
     def _names(self, results: list[tuple[int, int, int]]) -> list[tuple[str, int]]:

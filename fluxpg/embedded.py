@@ -448,7 +448,7 @@ class EmbeddedPostgres:
         if self._user is not None and socket_dir != self.data_dir:
             ensure_prefix_permissions(socket_dir)
             socket_dir.chmod(0o777)
-        if self.tcp:
+        if self.tcp and self._port == 5432:   # chosen once: a restart keeps the DSN valid
             import socket as _socket
 
             with _socket.socket() as probe:

@@ -36,12 +36,13 @@ from fluxpg.queues.types import Delivery, FluxError
 class Message:
     """A delivered message with its acknowledgement methods."""
 
-    __slots__ = ("delivery", "_consumer", "_settled")
+    __slots__ = ("delivery", "_consumer", "_settled", "_released")
 
     def __init__(self, delivery: Delivery, consumer: Consumer):
         self.delivery = delivery
         self._consumer = consumer
         self._settled = False
+        self._released = False
 
     @property
     def payload(self) -> bytes:
@@ -76,10 +77,16 @@ class Message:
             return 0
         c = self._consumer
         d = self.delivery
-        result = await getattr(c.broker.manager, op)(d.queue, d.group, [d.seq], *args, partition=d.partition)
-        self._settled = True
-        c._subscription.grant(1)
-        return result
+        try:
+            result = await getattr(c.broker.manager, op)(d.queue, d.group, [d.seq], *args, partition=d.partition)
+            self._settled = True
+            return result
+        finally:
+            # Even when the settlement failed (the message then comes back after the visibility
+            # timeout) it has left this consumer's window: free the slot, once.
+            if not self._released:
+                self._released = True
+                c._subscription.grant(1)
 
     async def ack(self) -> int:
         """Classic: processed, remove it. Stream: checkpoint past it."""

@@ -9,7 +9,6 @@ Everything protocol front-ends and the queue engine need to agree on:
 * MQTT topic-name and topic-filter validation and matching, shared subscriptions
   (`$share/<group>/<filter>`), and a trie (`TopicTree`) that finds the subscriptions matching a
   topic without scanning all of them;
-* `filter_to_regex`, the same matching as a POSIX regular expression for PostgreSQL `~`.
 
 Routing keys and filters: a consumer filter applies to the routing key, the part of the topic after
 `$queue/<name>/`. `$queue/orders` and `$queue/orders/` both have the routing key "" (one empty
@@ -22,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterator
 from functools import lru_cache
-from typing import Generic, NamedTuple, TypeVar, overload
+from typing import Generic, NamedTuple, TypeVar
 
 from fluxpg.queues.types import InvalidArgument
 
@@ -38,16 +37,6 @@ MAX_QUEUE_NAME_LENGTH = 200
 ACK_VERBS = frozenset({"ack", "nack", "reject", "commit"})
 _ACK_LEVELS = {"$" + verb: verb for verb in ACK_VERBS}
 
-# The characters that are operators in a PostgreSQL ARE and in Python `re` outside brackets.
-# Both engines read `\` followed by a non-alphanumeric character as that character, so escaping
-# exactly these keeps literal levels literal in both (never escape alphanumerics: `\d` etc. are
-# classes in ARE).
-_REGEX_SPECIAL = frozenset("\\^$.|?*+()[]{}")
-# One topic level, and "any number of further levels": written without `.` and `$` because
-# Python's `.` skips newlines and its `$` also matches before a final newline, unlike ARE's
-# defaults; `[^/]`, `\A` and `\Z` mean the same in both engines.
-_RX_LEVEL = "[^/]*"
-_RX_MORE_LEVELS = "(/[^/]*)*"
 
 
 # --------------------------------------------------------------------------- MQTT names/filters
@@ -133,36 +122,6 @@ def routing_key_matches(topic_filter: str | None, routing_key: str) -> bool:
     if topic_filter is None:
         return True
     return _levels_match(_filter_levels(topic_filter), routing_key.split("/"))
-
-
-@overload
-def filter_to_regex(topic_filter: str) -> str: ...
-@overload
-def filter_to_regex(topic_filter: None) -> None: ...
-def filter_to_regex(topic_filter: str | None) -> str | None:
-    r"""An anchored regular expression equivalent to `routing_key_matches(topic_filter, key)`.
-
-    The SQL engine stores it per group and filters with `routing_key ~ regex`. It uses only
-    constructs that PostgreSQL AREs and Python `re` read alike (`\A`, `\Z`, `[^/]*`, groups,
-    backslash-escaped punctuation), so `re.search(rx, key)` gives the same answer as Postgres.
-    `None` (no filter) gives `None`: no regex to apply.
-    """
-    if topic_filter is None:
-        return None
-    validate_topic_filter(topic_filter)
-    out: list[str] = []
-    for i, level in enumerate(topic_filter.split("/")):
-        if level == "#":
-            # `a/#` matches `a` itself, so the separator before `#` is part of the repetition.
-            out.append(_RX_MORE_LEVELS if i else _RX_LEVEL + _RX_MORE_LEVELS)
-            continue
-        if i:
-            out.append("/")
-        if level == "+":
-            out.append(_RX_LEVEL)
-        else:
-            out.append("".join("\\" + c if c in _REGEX_SPECIAL else c for c in level))
-    return "\\A" + "".join(out) + "\\Z"
 
 
 # --------------------------------------------------------------------------- shared subscriptions

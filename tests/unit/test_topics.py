@@ -1,7 +1,6 @@
 """Unit and property tests of fluxpg.topics (pure)."""
 from __future__ import annotations
 
-import re
 
 import pytest
 from hypothesis import given, settings
@@ -14,7 +13,6 @@ from fluxpg.topics import (
     TopicTree,
     ack_verb,
     dlq_name,
-    filter_to_regex,
     internal_group_name,
     is_queue_topic,
     parse_internal_group,
@@ -260,47 +258,7 @@ def test_parse_shared():
             parse_shared(bad)
 
 
-# ----------------------------------------------------------------------------- regex
-
-
-def test_filter_to_regex_examples():
-    assert filter_to_regex(None) is None
-    assert filter_to_regex("a/+/b") == r"\Aa/[^/]*/b\Z"
-    rx = filter_to_regex("a.b/(c)/#")
-    assert re.search(rx, "a.b/(c)")
-    assert re.search(rx, "a.b/(c)/d/e")
-    assert not re.search(rx, "axb/(c)")
-    # Trailing newline: Python's `$` would accept this, `\Z` (like PostgreSQL's `$`) does not.
-    assert not re.search(filter_to_regex("a"), "a\n")
-    assert re.search(filter_to_regex("#"), "a\nb/c")
-    with pytest.raises(InvalidArgument):
-        filter_to_regex("a/#/b")
-
-
-# Levels drawn from a small alphabet so that generated filters and keys actually collide, with
-# the regex metacharacters and `$` in the mix.
-_literal_levels = st.sampled_from(["a", "b", "", "$x", "a.b", "(", "[x]", "\\", "^", "*?", "{1}", "é", "a\nb", " "])
-_filter_levels = st.one_of(_literal_levels, st.just("+"))
-
-
-@st.composite
-def topic_filters(draw):
-    levels = draw(st.lists(_filter_levels, min_size=1, max_size=4))
-    if draw(st.booleans()):
-        levels.append("#")
-    joined = "/".join(levels)
-    # A lone empty level is the empty string, which is not a valid filter.
-    return joined or "+"
-
-
-topics = st.lists(_literal_levels, min_size=1, max_size=5).map("/".join)
-
-
-@settings(max_examples=400)
-@given(topic_filters(), topics)
-def test_regex_agrees_with_routing_key_matches(topic_filter, key):
-    rx = filter_to_regex(topic_filter)
-    assert bool(re.search(rx, key)) == routing_key_matches(topic_filter, key)
+from tests.strategies import topic_filters, topics  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- TopicTree

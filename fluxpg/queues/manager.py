@@ -476,6 +476,8 @@ class QueueManager:
         if not targets:
             qt = parse_queue_topic(topic)
             return qt.queue, self.ephemeral.get(qt.queue).publish(topic, payload, headers)
+        # append_batch enforces the limit too; checking here refuses an oversized publish
+        # without sending it, and keeps it from failing (and splitting) a whole group commit.
         size = len(payload)
         for q in targets:
             if q.max_message_size and size > q.max_message_size:

@@ -207,7 +207,8 @@ async def main(args) -> dict:
         await conn.close()
 
         config = Config(queues=[QueueConfig(name="apiq", **UNLIMITED_QC), QueueConfig(name="apis", type="stream", **UNLIMITED_QC),
-                                QueueConfig(name="apiq1", **UNLIMITED_QC), QueueConfig(name="e2e")],
+                                QueueConfig(name="apiq1", **UNLIMITED_QC), QueueConfig(name="e2e"),
+                                QueueConfig(name="e2e-fired")],
                         queue_manager={"max_pending_per_group": 1000000, "delivery_batch": batch})
         mgr = await QueueManager.start(dsn, config, migrate=False, retention=False)
         try:
@@ -218,7 +219,8 @@ async def main(args) -> dict:
             results["api_claim_ack"] = await api_consume(mgr, "apiq", n, True, batch)
             results["api_stream_read"] = await api_consume(mgr, "apis", n, False, batch)
             results["end_to_end"] = await end_to_end(mgr, "e2e", args.e2e_rate, args.e2e_seconds, wait_confirm=True)
-            results["end_to_end_fired"] = await end_to_end(mgr, "e2e", args.e2e_rate, args.e2e_seconds,
+            # A queue of its own: a new group on "e2e" would first get that run's messages.
+            results["end_to_end_fired"] = await end_to_end(mgr, "e2e-fired", args.e2e_rate, args.e2e_seconds,
                                                            wait_confirm=False)
         finally:
             await mgr.close()
@@ -254,7 +256,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dsn", default=os.environ.get("FLUXPG_TEST_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"))
     parser.add_argument("--messages", type=int, default=100_000)
-    parser.add_argument("--batch", type=int, default=500)
+    parser.add_argument("--batch", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=2000, help="publishes in flight (Python API)")
     parser.add_argument("--e2e-rate", type=int, default=1000)
     parser.add_argument("--e2e-seconds", type=float, default=5.0)

@@ -167,11 +167,9 @@ def queries() -> dict[str, str]:
 # Pool and errors
 # --------------------------------------------------------------------------------------------
 
-async def _init_connection(conn: asyncpg.Connection, node_id: int | None) -> None:
+async def _init_connection(conn: asyncpg.Connection) -> None:
     await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
     await conn.set_type_codec("json", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
-    if node_id is not None:
-        await conn.execute("SELECT set_config('fluxpg.node_id', $1, false)", str(node_id))
 
 
 async def _reset_connection(conn: asyncpg.Connection) -> None:
@@ -187,7 +185,7 @@ async def _reset_connection(conn: asyncpg.Connection) -> None:
 async def create_pool(dsn: str, *, min_size: int = 2, max_size: int = 10,
                       node_id: int | None = None) -> asyncpg.Pool:
     async def init(conn):
-        await _init_connection(conn, None)
+        await _init_connection(conn)
 
     # The node id goes in the startup packet: asyncpg's pool runs RESET ALL when a connection is
     # released, which would drop a SET but restores startup settings.
@@ -200,13 +198,29 @@ async def create_pool(dsn: str, *, min_size: int = 2, max_size: int = 10,
         raise Unavailable(f"cannot connect to PostgreSQL: {exc}") from exc
 
 
-async def connect(dsn: str, node_id: int | None = None) -> asyncpg.Connection:
+async def connect(dsn: str) -> asyncpg.Connection:
     try:
         conn = await asyncpg.connect(dsn)
     except (OSError, asyncpg.PostgresError) as exc:
         raise Unavailable(f"cannot connect to PostgreSQL: {exc}") from exc
-    await _init_connection(conn, node_id)
+    await _init_connection(conn)
     return conn
+
+
+async def fetch(pool: asyncpg.Pool, name: str, *args: Any) -> list[asyncpg.Record]:
+    """Run the named query `name` of sql/queries.sql; database errors come out as FluxError."""
+    try:
+        return await pool.fetch(queries()[name], *args)
+    except Exception as exc:  # noqa: BLE001 - reported as a FluxError
+        raise translate_error(exc) from exc
+
+
+async def fetchval(pool: asyncpg.Pool, name: str, *args: Any) -> Any:
+    """Like fetch, for a named query with one value."""
+    try:
+        return await pool.fetchval(queries()[name], *args)
+    except Exception as exc:  # noqa: BLE001
+        raise translate_error(exc) from exc
 
 
 def translate_error(exc: BaseException) -> FluxError:

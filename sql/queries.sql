@@ -44,6 +44,24 @@ SELECT fluxpg.seek($1, $2, $3);
 -- name: configure_group
 SELECT fluxpg.configure_group($1, $2, $3);
 
+-- name: ensure_group
+SELECT g.auto_commit FROM fluxpg._group(fluxpg._queue($1), $2) g;
+
+-- name: ensure_dlq
+SELECT fluxpg._dlq_queue(fluxpg._queue($1));
+
+-- name: join_group
+SELECT fluxpg.join_group($1, $2, $3);
+
+-- name: member_heartbeat
+SELECT fluxpg.heartbeat($1, $2, $3);
+
+-- name: leave_group
+SELECT fluxpg.leave($1, $2, $3);
+
+-- name: expire_groups
+SELECT fluxpg.expire_groups();
+
 -- name: group_committed
 SELECT c.committed
   FROM fluxpg.cursors c JOIN fluxpg.groups g ON g.id = c.group_id

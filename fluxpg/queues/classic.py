@@ -11,7 +11,7 @@ from typing import Any
 
 import asyncpg
 
-from fluxpg.db import queries, translate_error
+from fluxpg import db
 from fluxpg.queues.types import Delivery
 
 
@@ -23,45 +23,31 @@ def to_delivery(rec: Any, kind: str) -> Delivery:
     )
 
 
-async def _fetch(pool: asyncpg.Pool, name: str, *args: Any) -> list[asyncpg.Record]:
-    try:
-        return await pool.fetch(queries()[name], *args)
-    except Exception as exc:  # noqa: BLE001 - reported as a FluxError
-        raise translate_error(exc) from exc
-
-
-async def _value(pool: asyncpg.Pool, name: str, *args: Any) -> Any:
-    try:
-        return await pool.fetchval(queries()[name], *args)
-    except Exception as exc:  # noqa: BLE001
-        raise translate_error(exc) from exc
-
-
 async def claim(pool: asyncpg.Pool, queue: str, group: str, consumer: str, n: int) -> list[Delivery]:
     """Redeliveries first, then new messages from the group cursor (DESIGN §2)."""
-    return [to_delivery(r, "classic") for r in await _fetch(pool, "claim", queue, group, consumer, n)]
+    return [to_delivery(r, "classic") for r in await db.fetch(pool, "claim", queue, group, consumer, n)]
 
 
 async def reclaim(pool: asyncpg.Pool, queue: str, group: str, consumer: str, n: int = 100) -> list[Delivery]:
     """The consumer's own pending entries, delivered again (after a crash or reconnect)."""
-    return [to_delivery(r, "classic") for r in await _fetch(pool, "reclaim", queue, group, consumer, n)]
+    return [to_delivery(r, "classic") for r in await db.fetch(pool, "reclaim", queue, group, consumer, n)]
 
 
 async def claim_stale(pool: asyncpg.Pool, queue: str, group: str, consumer: str,
                       min_idle: timedelta, n: int = 10) -> list[Delivery]:
     """XAUTOCLAIM: take over entries idle for at least min_idle."""
     return [to_delivery(r, "classic")
-            for r in await _fetch(pool, "claim_stale", queue, group, consumer, min_idle, n)]
+            for r in await db.fetch(pool, "claim_stale", queue, group, consumer, min_idle, n)]
 
 
 async def ack(pool: asyncpg.Pool, queue: str, group: str, seqs: list[int], partition: int = 0) -> int:
-    return await _value(pool, "ack", queue, group, seqs, partition)
+    return await db.fetchval(pool, "ack", queue, group, seqs, partition)
 
 
 async def nack(pool: asyncpg.Pool, queue: str, group: str, seqs: list[int], partition: int = 0) -> int:
-    return await _value(pool, "nack", queue, group, seqs, partition)
+    return await db.fetchval(pool, "nack", queue, group, seqs, partition)
 
 
 async def reject(pool: asyncpg.Pool, queue: str, group: str, seqs: list[int],
                  reason: str | None = None, partition: int = 0) -> int:
-    return await _value(pool, "reject", queue, group, seqs, reason, partition)
+    return await db.fetchval(pool, "reject", queue, group, seqs, reason, partition)

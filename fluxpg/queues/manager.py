@@ -222,7 +222,7 @@ class Subscription:
 
     async def _heartbeat(self) -> None:
         try:
-            await self.manager.pool.execute("SELECT fluxpg.heartbeat($1, $2, $3)", self.queue, self.group, self.consumer)
+            await db.fetchval(self.manager.pool, "member_heartbeat", self.queue, self.group, self.consumer)
         except Exception as exc:  # noqa: BLE001 - the next read retries
             log.warning("heartbeat of %s/%s failed: %s", self.queue, self.consumer, exc)
 
@@ -255,7 +255,7 @@ class Subscription:
                 await self._auto_commit()
             try:
                 # Hand this member's partitions to the rest of the group now, not after a timeout.
-                await self.manager.pool.execute("SELECT fluxpg.leave($1, $2, $3)", self.queue, self.group, self.consumer)
+                await db.fetchval(self.manager.pool, "leave_group", self.queue, self.group, self.consumer)
             except Exception as exc:  # noqa: BLE001 - the member times out instead
                 log.warning("leaving %s/%s failed: %s", self.queue, self.group, exc)
         self.manager._detach(self)
@@ -540,7 +540,7 @@ class QueueManager:
         if info is None and queue.startswith("$dlq/") and queue[5:] in self.queues:
             # A durable queue's dead-letter queue is created on first dead letter; a consumer
             # may come first, and must wait on the durable DLQ, not an ephemeral look-alike.
-            await self.pool.execute("SELECT fluxpg._dlq_queue(fluxpg._queue($1))", queue[5:])
+            await db.fetchval(self.pool, "ensure_dlq", queue[5:])
             await self.reload_queues()
             info = self.queues.get(queue)
         if info is None:
@@ -551,26 +551,19 @@ class QueueManager:
         if info.kind == "classic" and position not in (None, ""):
             raise WrongQueueKind(f"queue {queue!r} is a classic queue; a stream offset needs a stream queue")
         pos = stream.normalize_position(position) if info.kind == "stream" else None
-        try:
-            row = await self.pool.fetchrow(
-                "SELECT g.auto_commit FROM fluxpg._group(fluxpg._queue($1), $2) g", queue, internal)
-            effective_auto = row["auto_commit"]
-            if info.kind == "stream":
-                if auto_commit is not None and auto_commit != effective_auto:
-                    await stream.configure(self.pool, queue, internal, auto_commit)
-                    effective_auto = auto_commit
-                if info.partitions > 1:
-                    # OCI semantics: a start position applies to a new group only; members
-                    # share the partitions and resume from the group's checkpoint.
-                    await self.pool.execute("SELECT fluxpg.join_group($1, $2, $3)", queue, internal, pos)
-                elif pos is not None:
-                    await stream.seek(self.pool, queue, internal, pos)
-                elif not any(s.queue == queue and s.group == internal for s in self.subscriptions):
-                    await stream.seek(self.pool, queue, internal, "resume")
-        except FluxError:
-            raise
-        except Exception as exc:  # noqa: BLE001
-            raise db.translate_error(exc) from exc
+        effective_auto = await db.fetchval(self.pool, "ensure_group", queue, internal)
+        if info.kind == "stream":
+            if auto_commit is not None and auto_commit != effective_auto:
+                await stream.configure(self.pool, queue, internal, auto_commit)
+                effective_auto = auto_commit
+            if info.partitions > 1:
+                # OCI semantics: a start position applies to a new group only; members
+                # share the partitions and resume from the group's checkpoint.
+                await db.fetchval(self.pool, "join_group", queue, internal, pos)
+            elif pos is not None:
+                await stream.seek(self.pool, queue, internal, pos)
+            elif not any(s.queue == queue and s.group == internal for s in self.subscriptions):
+                await stream.seek(self.pool, queue, internal, "resume")
         sub = Subscription(self, queue, info.kind, internal, consumer, filter, on_delivery, credit, on_error,
                            queue_id=info.id, auto_commit=effective_auto, partitions=info.partitions)
         self.subscriptions.add(sub)

@@ -61,7 +61,7 @@ class RetentionLoop:
             log.info("dropped segment %s of queue %s [%d, %d): %s", seg["segment"], seg["queue"],
                      seg["from_seq"], seg["to_seq"], seg["reason"])
             dropped += 1
-        expired = await conn.fetchval("SELECT fluxpg.expire_groups()")
+        expired = await conn.fetchval(q["expire_groups"])
         if expired:
             log.info("%d stream consumer groups expired (unused for their queue's retention period)", expired)
         self.dropped += dropped

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncpg
 
-from fluxpg.queues.classic import _fetch, _value, to_delivery
+from fluxpg import db
+from fluxpg.queues.classic import to_delivery
 from fluxpg.queues.types import Delivery
 
 # x-stream-offset / cursor values every front-end accepts, mapped to fluxpg.seek positions.
@@ -31,22 +32,22 @@ def normalize_position(position: object) -> str | None:
 
 
 async def read(pool: asyncpg.Pool, queue: str, group: str, consumer: str, n: int) -> list[Delivery]:
-    return [to_delivery(r, "stream") for r in await _fetch(pool, "read", queue, group, consumer, n)]
+    return [to_delivery(r, "stream") for r in await db.fetch(pool, "read", queue, group, consumer, n)]
 
 
 async def checkpoint(pool: asyncpg.Pool, queue: str, group: str, seqs: list[int], partition: int = 0) -> int:
     """Stream ack: the checkpoint moves past the highest offset (never backwards)."""
-    return await _value(pool, "ack", queue, group, seqs, partition)
+    return await db.fetchval(pool, "ack", queue, group, seqs, partition)
 
 
 async def commit(pool: asyncpg.Pool, queue: str, group: str, seq: int, partition: int = 0) -> None:
     """Set the checkpoint to `seq`: every lower offset is processed (seq ≤ cursor)."""
-    await _value(pool, "commit", queue, group, seq, partition)
+    await db.fetchval(pool, "commit", queue, group, seq, partition)
 
 
 async def seek(pool: asyncpg.Pool, queue: str, group: str, position: str) -> int:
-    return await _value(pool, "seek", queue, group, position)
+    return await db.fetchval(pool, "seek", queue, group, position)
 
 
 async def configure(pool: asyncpg.Pool, queue: str, group: str, auto_commit: bool) -> None:
-    await _value(pool, "configure_group", queue, group, auto_commit)
+    await db.fetchval(pool, "configure_group", queue, group, auto_commit)

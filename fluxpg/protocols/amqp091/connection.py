@@ -128,8 +128,8 @@ class Connection:
             self.principal = await auth.authenticate(user or None, password, protocol="amqp091", peer=self.peer)
         except AuthError as exc:
             log.info("amqp091 %s: login of %r refused: %s", self.name, user, exc)
-            raise connection_error(ACCESS_REFUSED, f"Login was refused using authentication mechanism PLAIN. "
-                                   f"For details see the broker logfile.", m) from None
+            raise connection_error(ACCESS_REFUSED, "Login was refused using authentication mechanism PLAIN. "
+                                   "For details see the broker logfile.", m) from None
         self.state = "tune"
         self.write(framing.method_frame(0, Conn.Tune(SERVER_CHANNEL_MAX, SERVER_FRAME_MAX, SERVER_HEARTBEAT)))
 

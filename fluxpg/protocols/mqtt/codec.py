@@ -25,7 +25,6 @@ from .properties import (
     decode_bin,
     decode_properties,
     decode_str,
-    decode_varint,
     encode_bin,
     encode_properties,
     encode_str,

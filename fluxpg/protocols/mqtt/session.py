@@ -44,7 +44,7 @@ import math
 import secrets
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from fluxpg.aio import cancel_and_wait

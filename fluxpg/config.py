@@ -542,6 +542,35 @@ class TlsConfig(_Strict):
         return context
 
 
+class BoundsConfig(_Strict):
+    """Resource bounds that keep one client (or many) from exhausting the broker. Every front-end
+    reads them from `config.bounds`; 0 disables a byte/count bound (not advised), "0" a deadline."""
+
+    # Accept → login complete (AMQP 0-9-1 open-ok, AMQP 1.0 open, MQTT CONNACK), however the bytes
+    # trickle in: measured from accept, never restarted by traffic.
+    handshake_timeout: Duration = timedelta(seconds=10)
+    # Once the first byte of a frame/packet arrived, the whole frame/packet must arrive within this.
+    frame_timeout: Duration = timedelta(seconds=30)
+    # Sum of partially received message bodies (AMQP 0-9-1 content across channels, AMQP 1.0
+    # multi-frame transfers across links, MQTT packet being read) held for ONE connection.
+    # Above it the connection is refused with the protocol's resource error before buffering more.
+    connection_inbound_bytes: int = Field(64 * 2 ** 20, ge=0)
+    # Unsent outbound bytes per connection (the transport's write buffer): deliveries stop (and
+    # claiming pauses) above it until the client reads; nothing confirmed is dropped.
+    connection_outbound_bytes: int = Field(8 * 2 ** 20, ge=0)
+    # Sum of partially received bodies over ALL connections of this broker process.
+    broker_inbound_bytes: int = Field(512 * 2 ** 20, ge=0)
+    # Decoder work bounds, checked by a pre-scan of the encoding BEFORE decoding: nesting depth of
+    # AMQP 0-9-1 field tables/arrays and AMQP 1.0 lists/maps/arrays/described values ...
+    decoder_max_depth: int = Field(16, ge=1)
+    # ... and the number of elements (every value at every depth) one encoded structure may hold.
+    decoder_max_elements: int = Field(10_000, ge=1)
+    # MQTT: per-session outbound queue (messages waiting to be written or unacknowledged QoS 1/2
+    # deliveries) — messages and bytes; the MQTT front-end decides what happens above it.
+    mqtt_session_outbound_messages: int = Field(1_000, ge=0)
+    mqtt_session_outbound_bytes: int = Field(16 * 2 ** 20, ge=0)
+
+
 class Config(_Strict):
     database: DatabaseConfig = Field(default_factory=DatabaseConfig)
     listeners: ListenersConfig = Field(default_factory=ListenersConfig)
@@ -549,6 +578,7 @@ class Config(_Strict):
     queues: list[QueueConfig] = Field(default_factory=list)
     auth: AuthConfig | None = None   # None: no authentication (everybody may do everything)
     tls: TlsConfig | None = None     # None: plain TCP
+    bounds: BoundsConfig = Field(default_factory=BoundsConfig)
 
     @field_validator("queues")
     @classmethod

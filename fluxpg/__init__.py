@@ -1,8 +1,9 @@
 """fluxpg: a message broker (MQTT 3.1.1/5, AMQP 0-9-1, AMQP 1.0) whose log is PostgreSQL.
 
 For embedding in an application see fluxpg.api (`fluxpg.connect`)."""
-from fluxpg.queues.types import (Delivery, FluxError, InvalidArgument, PayloadTooLarge, QueueFull,
-                                 Unavailable, UnknownQueue, WrongQueueKind)
+from fluxpg.delivery import Delivery
+from fluxpg.errors import (FluxError, InvalidArgument, PayloadTooLarge, QueueFull, Unavailable,
+                           UnknownQueue, WrongQueueKind)
 
 __version__ = "0.1.0"
 

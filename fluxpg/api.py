@@ -30,7 +30,8 @@ from typing import Any
 
 from fluxpg.config import Config, QueueConfig
 from fluxpg.queues.manager import QueueManager, Subscription
-from fluxpg.queues.types import Delivery, FluxError
+from fluxpg.delivery import Delivery
+from fluxpg.errors import FluxError
 
 
 class Message:

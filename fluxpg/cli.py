@@ -44,7 +44,7 @@ from fluxpg import __version__
 from fluxpg.config import Config, ConfigError, load_config, parse_address
 from fluxpg.embedded import EmbeddedPostgres, EmbeddedPostgresError, default_data_dir
 from fluxpg.protocols.listener import ListenerError
-from fluxpg.queues.types import FluxError, Unavailable
+from fluxpg.errors import FluxError, Unavailable
 
 log = logging.getLogger("fluxpg.cli")
 

@@ -36,7 +36,7 @@ from pydantic import (
     model_validator,
 )
 
-from fluxpg.queues.types import InvalidArgument
+from fluxpg.errors import InvalidArgument
 from fluxpg.topics import (
     DLQ_PREFIX,
     QUEUE_PREFIX,

@@ -17,7 +17,7 @@ from typing import Any
 
 import asyncpg
 
-from fluxpg.queues.types import SQLSTATE_ERRORS, FluxError, Unavailable
+from fluxpg.errors import SQLSTATE_ERRORS, FluxError, Unavailable
 
 log = logging.getLogger("fluxpg.db")
 

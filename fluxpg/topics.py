@@ -15,7 +15,7 @@ Routing keys and filters: a consumer filter applies to the routing key, the part
 level), which `#` and `+` match and `a/#` does not; `$`-prefixed routing keys get no special
 treatment (unlike MQTT topics, whose `$` rule would otherwise hide e.g. a `$ack` level).
 
-Errors are `fluxpg.queues.types.InvalidArgument` with a message fit to show a client.
+Errors are `fluxpg.errors.InvalidArgument` with a message fit to show a client.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from collections.abc import Hashable, Iterator
 from functools import lru_cache
 from typing import Generic, NamedTuple, TypeVar
 
-from fluxpg.queues.types import InvalidArgument
+from fluxpg.errors import InvalidArgument
 
 QUEUE_PREFIX = "$queue/"
 DLQ_PREFIX = "$dlq/"

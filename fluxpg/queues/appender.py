@@ -20,7 +20,7 @@ from typing import Any
 import asyncpg
 
 from fluxpg.db import queries, translate_error
-from fluxpg.queues.types import FluxError, Unavailable
+from fluxpg.errors import FluxError, Unavailable
 
 log = logging.getLogger("fluxpg.appender")
 

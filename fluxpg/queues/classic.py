@@ -12,7 +12,7 @@ from typing import Any
 import asyncpg
 
 from fluxpg import db
-from fluxpg.queues.types import Delivery
+from fluxpg.delivery import Delivery
 
 
 def to_delivery(rec: Any, kind: str) -> Delivery:

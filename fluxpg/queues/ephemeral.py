@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from typing import Any, Protocol
 
 from fluxpg.topics import routing_key_matches, parse_queue_topic
-from fluxpg.queues.types import Delivery
+from fluxpg.delivery import Delivery
 
 log = logging.getLogger("fluxpg.ephemeral")
 

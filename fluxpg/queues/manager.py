@@ -33,8 +33,9 @@ from fluxpg.config import Config, QueueConfig, QueueManagerConfig
 from fluxpg.queues import classic, stream
 from fluxpg.queues.appender import Appender, AppendRow
 from fluxpg.queues.ephemeral import EphemeralQueues
-from fluxpg.queues.types import (Delivery, FluxError, InvalidArgument, PayloadTooLarge, Unavailable,
-                                 UnknownQueue, WrongQueueKind)
+from fluxpg.delivery import Delivery
+from fluxpg.errors import (FluxError, InvalidArgument, PayloadTooLarge, Unavailable, UnknownQueue,
+                           WrongQueueKind)
 from fluxpg.topics import (TopicTree, internal_group_name, is_queue_topic, parse_queue_topic,
                            validate_topic_filter, validate_topic_name)
 

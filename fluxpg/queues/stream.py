@@ -8,7 +8,7 @@ import asyncpg
 
 from fluxpg import db
 from fluxpg.queues.classic import to_delivery
-from fluxpg.queues.types import Delivery
+from fluxpg.delivery import Delivery
 
 # x-stream-offset / cursor values every front-end accepts, mapped to fluxpg.seek positions.
 POSITION_ALIASES = {"earliest": "first", "beginning": "first", "latest": "last", "end": "last"}

@@ -15,7 +15,7 @@ from fluxpg import db
 from fluxpg.config import Config, QueueConfig
 from fluxpg.embedded import EmbeddedPostgres
 from fluxpg.queues.manager import QueueManager
-from fluxpg.queues.types import FluxError
+from fluxpg.errors import FluxError
 
 pytestmark = pytest.mark.slow
 

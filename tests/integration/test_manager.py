@@ -10,7 +10,7 @@ import fluxpg
 from fluxpg import db
 from fluxpg.config import QueueConfig
 from fluxpg.queues import manager as manager_module
-from fluxpg.queues.types import PayloadTooLarge, QueueFull, UnknownQueue
+from fluxpg.errors import PayloadTooLarge, QueueFull, UnknownQueue
 
 
 class Inbox:

@@ -9,7 +9,7 @@ from pamqp import commands, frame as pframe, header as pheader
 from fluxpg.protocols.amqp091 import framing
 from fluxpg.protocols.amqp091.exchanges import Binding, Exchange, ExchangeTable, freeze_args, headers_match, topic_matches
 from fluxpg.protocols.amqp091.properties import delivery_properties, headers_from_properties
-from fluxpg.queues.types import Delivery
+from fluxpg.delivery import Delivery
 
 
 def _method_bytes(channel: int, method) -> bytes:

@@ -460,7 +460,7 @@ def test_consumer_detach_keeps_unsettled_for_reattach(threaded_broker, qname):
 
 
 def test_error_condition_helper_maps_engine_errors():
-    from fluxpg.queues.types import QueueFull, UnknownQueue
+    from fluxpg.errors import QueueFull, UnknownQueue
 
     assert amqp10_connection._condition(QueueFull("full")).name == "amqp:resource-limit-exceeded"
     assert amqp10_connection._condition(UnknownQueue("x")).name == "amqp:not-found"

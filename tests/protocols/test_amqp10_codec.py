@@ -8,7 +8,7 @@ from proton import Message, symbol, ulong
 
 from fluxpg.protocols.amqp10 import sasl
 from fluxpg.protocols.amqp10.messages import from_delivery, to_log
-from fluxpg.queues.types import Delivery
+from fluxpg.delivery import Delivery
 
 
 def test_plain_with_initial_response_and_pipelined_amqp_header():

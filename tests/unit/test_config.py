@@ -22,7 +22,7 @@ from fluxpg.config import (
     queue_config_from_amqp_args,
     settings_from_amqp_args,
 )
-from fluxpg.queues.types import InvalidArgument
+from fluxpg.errors import InvalidArgument
 
 REPO = Path(__file__).resolve().parents[2]
 

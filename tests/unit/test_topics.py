@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fluxpg.queues.types import InvalidArgument
+from fluxpg.errors import InvalidArgument
 from fluxpg.topics import (
     MAX_TOPIC_BYTES,
     QueueTopic,

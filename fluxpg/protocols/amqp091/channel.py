@@ -40,8 +40,9 @@ from fluxpg.protocols.amqp091.framing import (ACCESS_REFUSED, COMMAND_INVALID, C
 from fluxpg.protocols.amqp091.properties import delivery_properties, headers_from_properties
 from fluxpg.queues import classic as classic_ops
 from fluxpg.queues import stream as stream_ops
-from fluxpg.queues.types import (Delivery, FluxError, InvalidArgument, PayloadTooLarge, QueueFull,
-                                 Unavailable, UnknownQueue, WrongQueueKind, parse_message_id)
+from fluxpg.delivery import Delivery, parse_message_id
+from fluxpg.errors import (FluxError, InvalidArgument, PayloadTooLarge, QueueFull, Unavailable,
+                           UnknownQueue, WrongQueueKind)
 from fluxpg.topics import (QUEUE_PREFIX, ack_verb, internal_group_name, parse_queue_topic,
                            split_queue_subscription, validate_queue_name, validate_topic_name)
 

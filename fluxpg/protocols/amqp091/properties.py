@@ -32,7 +32,7 @@ from typing import Any
 
 from pamqp import commands
 
-from fluxpg.queues.types import Delivery
+from fluxpg.delivery import Delivery
 
 Properties = commands.Basic.Properties
 

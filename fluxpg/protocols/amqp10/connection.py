@@ -46,7 +46,8 @@ from fluxpg.auth import AuthError, OpenAuthenticator, Principal
 from fluxpg.protocols.amqp10.engine import EngineEvent, ProtonEngine
 from fluxpg.protocols.amqp10.messages import MessageError, from_delivery, to_log
 from fluxpg.protocols.amqp10.sasl import SASL_HEADER, SaslCode, SaslError, SaslServer
-from fluxpg.queues.types import Delivery, FluxError, InvalidArgument
+from fluxpg.delivery import Delivery
+from fluxpg.errors import FluxError, InvalidArgument
 from fluxpg.topics import (DLQ_PREFIX, QUEUE_PREFIX, is_queue_topic, parse_queue_topic,
                            split_queue_subscription, validate_queue_name, validate_topic_filter,
                            validate_topic_name)

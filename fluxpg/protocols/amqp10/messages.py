@@ -45,7 +45,7 @@ from typing import Any
 import proton
 from proton import Data, Message, symbol
 
-from fluxpg.queues.types import Delivery
+from fluxpg.delivery import Delivery
 
 AMQP_KEY = "x-amqp"
 

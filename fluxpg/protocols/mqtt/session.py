@@ -48,8 +48,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from fluxpg.aio import cancel_and_wait
-from fluxpg.queues.types import (Delivery, FluxError, InvalidArgument, PayloadTooLarge, QueueFull, UnknownQueue,
-                                 WrongQueueKind, parse_message_id)
+from fluxpg.delivery import Delivery, parse_message_id
+from fluxpg.errors import FluxError, InvalidArgument, PayloadTooLarge, QueueFull, UnknownQueue, WrongQueueKind
 from fluxpg.topics import ack_verb, is_queue_topic, parse_queue_topic, split_queue_subscription
 
 from .codec import (MQTT_5, Auth, Connack, Connect, Decoder, Disconnect, MQTTError, Pingreq, Pingresp,

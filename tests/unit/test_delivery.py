@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fluxpg.queues.types import Delivery, InvalidArgument, parse_message_id
+from fluxpg.delivery import Delivery, parse_message_id
+from fluxpg.errors import InvalidArgument
 
 
 @given(queue=st.text(min_size=1, max_size=30).filter(lambda s: "\x00" not in s), seq=st.integers(0, 2 ** 62))

@@ -158,6 +158,19 @@ async def test_garbage_and_malformed_frames(broker):
     await _healthy(server)
 
 
+async def test_heartbeat_then_bad_frame_end_is_501(broker):
+    # Issue 12: a heartbeat followed by a frame whose end byte is wrong raised IndexError in the
+    # decoder and dropped the connection without a word; it is connection.close 501.
+    server = await broker()
+    c = await RawClient.open(server.port("amqp091"))
+    c.raw(bytes.fromhex("08000000000000ce01000100000006003c0028000000"))
+    m = await c.method()
+    assert isinstance(m, Conn.Close) and m.reply_code == 501, m
+    assert "frame-end" in m.reply_text
+    assert await c.method() is None
+    await _healthy(server)
+
+
 async def test_content_larger_than_any_queue_accepts_is_311(broker, qname):
     server = await broker([QueueConfig(name=qname)])
     c = await RawClient.open(server.port("amqp091"))

@@ -4,6 +4,8 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from pamqp import commands, frame as pframe, header as pheader
 
 from fluxpg.protocols.amqp091 import framing
@@ -41,6 +43,83 @@ def test_decoder_rejects_corrupt_frames():
     with pytest.raises(framing.FrameError) as err:
         framing.decode_method(b"\x00\x63\x00\x01")   # class 99: no such method
     assert err.value.code == framing.NOT_IMPLEMENTED
+
+
+def test_heartbeat_then_bad_end_byte_is_a_frame_error_after_the_heartbeat():
+    # Issue 12: this stream raised IndexError (the error text read the buffer after trimming it).
+    dec = framing.FrameDecoder()
+    frames = dec.feed(bytes.fromhex("08000000000000ce01000100000006003c0028000000"))
+    assert [(f.type, f.channel) for f in frames] == [(framing.FRAME_HEARTBEAT, 0)]
+    assert dec.error_pending
+    with pytest.raises(framing.FrameError, match="frame-end byte is 0x00") as err:
+        dec.feed(b"")
+    assert err.value.code == framing.FRAME_ERROR
+    with pytest.raises(framing.FrameError):   # a failed decoder stays failed and holds nothing
+        dec.feed(b"\x08\x00\x00\x00\x00\x00\x00\xce")
+    assert dec.buffered == 0
+
+
+def _valid_stream() -> bytes:
+    """Frames of many kinds a client sends: method frames with field tables, a content header
+    with every property, bodies, heartbeats."""
+    props = commands.Basic.Properties(
+        content_type="text/plain", content_encoding="utf-8", headers={"a": 1, "b": "x", "c": [1, "y"], "d": {"e": 1.5}},
+        delivery_mode=2, priority=3, correlation_id="c1", reply_to="r", expiration="1000", message_id="m",
+        timestamp=dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc), message_type="t", user_id="guest", app_id="app")
+    return b"".join([
+        _method_bytes(1, commands.Channel.Open()),
+        _method_bytes(1, commands.Queue.Declare(queue="q", durable=True, arguments={"x-max-length": 10})),
+        _method_bytes(1, commands.Basic.Consume(queue="q", consumer_tag="t", arguments={"x-stream-offset": "first"})),
+        _method_bytes(1, commands.Basic.Publish(exchange="", routing_key="q", mandatory=True)),
+        pframe.marshal(pheader.ContentHeader(0, 5, props), 1),
+        pframe.marshal(pframe.unmarshal(b"\x03\x00\x01\x00\x00\x00\x05hello\xce")[2], 1),
+        framing.heartbeat_frame(),
+        _method_bytes(1, commands.Basic.Ack(7, True)),
+        _method_bytes(1, commands.Exchange.Bind(destination="a", source="b", routing_key="k", arguments={"x-match": "any"})),
+        _method_bytes(0, commands.Connection.Close(200, "bye", 0, 0)),
+    ])
+
+
+def _decode_everything(data: bytes, chunk: int) -> None:
+    """What the connection does with bytes: frame them, then decode each frame's payload. Only
+    FrameError may come out (it becomes connection.close 501 / 540)."""
+    dec = framing.FrameDecoder(131072)
+    try:
+        for i in range(0, max(len(data), 1), chunk):
+            for f in dec.feed(data[i:i + chunk]):
+                if f.type == framing.FRAME_METHOD:
+                    framing.decode_method(f.payload)
+                elif f.type == framing.FRAME_HEADER:
+                    framing.decode_content_header(f.payload)
+        if dec.error_pending:
+            dec.feed(b"")
+    except framing.FrameError as exc:
+        assert exc.code in (framing.FRAME_ERROR, framing.NOT_IMPLEMENTED)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.binary(max_size=600), chunk=st.integers(1, 64))
+def test_random_bytes_only_raise_frame_errors(data, chunk):
+    _decode_everything(data, chunk)
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(edits=st.lists(st.tuples(st.sampled_from(["flip", "insert", "delete", "set"]), st.integers(0, 10_000),
+                                st.integers(0, 255)), min_size=1, max_size=6),
+       chunk=st.integers(1, 200))
+def test_mutated_valid_frames_only_raise_frame_errors(edits, chunk):
+    data = bytearray(_valid_stream())
+    for op, where, value in edits:
+        i = where % len(data)
+        if op == "flip":
+            data[i] ^= 1 << (value % 8)
+        elif op == "insert":
+            data[i:i] = bytes([value])
+        elif op == "delete" and len(data) > 1:
+            del data[i]
+        else:
+            data[i] = value
+    _decode_everything(bytes(data), chunk)
 
 
 def test_encoding_echoes_dollar_names_and_splits_bodies():

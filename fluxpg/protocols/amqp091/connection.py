@@ -320,6 +320,14 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ini
                 await conn.handle_frame(frame)
                 if conn.finished:
                     break
+            if decoder.error_pending and not conn.finished:
+                # Complete frames before a broken one were handled above; now the broken one.
+                try:
+                    decoder.feed(b"")
+                except FrameError as exc:
+                    await conn.close_with(connection_error(exc.code, str(exc)))
+                    await writer.drain()
+                    break
             if conn.state == "open":
                 await writer.drain()
     except asyncio.CancelledError:

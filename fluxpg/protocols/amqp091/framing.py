@@ -18,7 +18,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from pamqp import base, commands, constants, decode, encode, exceptions, header, heartbeat
+from pamqp import base, commands, constants, decode, encode, header, heartbeat
 
 FRAME_METHOD = constants.FRAME_METHOD          # 1
 FRAME_HEADER = constants.FRAME_HEADER          # 2
@@ -117,36 +117,59 @@ class Frame:
 
 
 class FrameDecoder:
-    """Incremental frame splitter. `max_frame` is the largest whole frame accepted (frame-max)."""
+    """Incremental frame splitter. `max_frame` is the largest whole frame accepted (frame-max).
+
+    Never raises anything but FrameError. Frames that arrived complete before a broken one are
+    returned first; the error then comes from the next `feed()` call (`feed(b"")` will do — see
+    `error_pending`), so the connection still processes what the peer sent correctly and then
+    answers the broken frame with connection.close 501. After an error the decoder stays failed.
+    """
 
     def __init__(self, max_frame: int = 131072):
         self.max_frame = max_frame
         self._buf = bytearray()
+        self._error: FrameError | None = None
+
+    @property
+    def error_pending(self) -> bool:
+        return self._error is not None
 
     def feed(self, data: bytes) -> list[Frame]:
         """Add bytes; return the complete frames now available (possibly none)."""
+        if self._error is not None:
+            raise self._error
         if data:
             self._buf += data
         frames: list[Frame] = []
         buf = self._buf
         pos = 0
         n = len(buf)
+        error: FrameError | None = None
         while n - pos >= FRAME_HEADER_SIZE:
             ftype, channel, size = _HEADER.unpack_from(buf, pos)
             if ftype not in (FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT):
-                del buf[:pos]
-                raise FrameError(f"unknown frame type {ftype}")
+                error = FrameError(f"unknown frame type {ftype}")
+                break
             total = FRAME_OVERHEAD + size
             if self.max_frame and total > self.max_frame:
-                del buf[:pos]
-                raise FrameError(f"frame of {total} bytes exceeds the negotiated frame-max {self.max_frame}")
+                error = FrameError(f"frame of {total} bytes exceeds the negotiated frame-max {self.max_frame}")
+                break
             if n - pos < total:
                 break
-            if buf[pos + total - 1] != FRAME_END:
-                del buf[:pos]
-                raise FrameError(f"frame-end byte is 0x{buf[pos + total - 1]:02x}, not 0xCE")
+            end = buf[pos + total - 1]
+            if end != FRAME_END:
+                error = FrameError(f"frame-end byte is 0x{end:02x}, not 0xCE")
+                break
             frames.append(Frame(ftype, channel, bytes(buf[pos + FRAME_HEADER_SIZE:pos + total - 1])))
             pos += total
+        if error is not None:
+            # The stream cannot be framed past this point: drop what is buffered (it is garbage
+            # or unframeable) so a failed decoder holds no memory.
+            self._buf = bytearray()
+            self._error = error
+            if not frames:
+                raise error
+            return frames
         if pos:
             del buf[:pos]
         return frames
@@ -170,8 +193,13 @@ def decode_method(payload: bytes) -> base.Frame:
     method = cls.__new__(cls)   # no __init__: it validates defaults we are about to overwrite
     try:
         method.unmarshal(payload[4:])
-    except (struct.error, ValueError, TypeError, IndexError, exceptions.UnmarshalingException) as exc:
-        raise FrameError(f"malformed {cls.name}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - pamqp raises many types on bad bytes; all are 501 here
+        raise FrameError(f"malformed {cls.name}: {type(exc).__name__}: {exc}") from None
+    for slot in cls.__slots__:
+        # A short payload can leave arguments unset without an exception: say so here, not
+        # with an AttributeError deep in a handler.
+        if not hasattr(method, slot):
+            raise FrameError(f"malformed {cls.name}: argument {slot!r} is missing")
     return method
 
 
@@ -179,8 +207,8 @@ def decode_content_header(payload: bytes) -> header.ContentHeader:
     ch = header.ContentHeader()
     try:
         ch.unmarshal(payload)
-    except (struct.error, ValueError, TypeError, IndexError, exceptions.UnmarshalingException) as exc:
-        raise FrameError(f"malformed content header: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - see decode_method
+        raise FrameError(f"malformed content header: {type(exc).__name__}: {exc}") from None
     return ch
 
 

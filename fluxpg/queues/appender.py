@@ -40,6 +40,23 @@ class _Request:
     future: asyncio.Future
 
 
+async def append_rows(conn: asyncpg.Connection, rows: list[AppendRow]) -> list[tuple[int, int, int]]:
+    """One `fluxpg.append_batch` call on `conn` (in whatever transaction it is in): the append
+    the group commit and transactions (queues/transactions.py) share. Returns (queue_id,
+    partition, seq) per row, in order."""
+    records = await conn.fetch(
+        queries()["append_batch"],
+        [r.queue_id for r in rows],
+        [r.topic for r in rows],
+        [r.payload for r in rows],
+        # NULL instead of arrays of NULLs: nothing to encode for the common case.
+        [r.headers for r in rows] if any(r.headers for r in rows) else None,
+        [r.key for r in rows] if any(r.key is not None for r in rows) else None,
+    )
+    # append_batch returns rows ordered by their 1-based ordinal
+    return [(rec["queue_id"], rec["partition"], rec["seq"]) for rec in records]
+
+
 class Appender:
     def __init__(self, pool: asyncpg.Pool, *, max_batch_rows: int = 2000):
         self._pool = pool
@@ -48,7 +65,6 @@ class Appender:
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._closed = False
-        self._sql = queries()["append_batch"]
         self.batches = 0  # statistics: transactions committed
         self.rows = 0
 
@@ -105,19 +121,10 @@ class Appender:
 
     async def _execute(self, rows: list[AppendRow]) -> list[tuple[int, int, int]]:
         async with self._pool.acquire() as conn:
-            records = await conn.fetch(
-                self._sql,
-                [r.queue_id for r in rows],
-                [r.topic for r in rows],
-                [r.payload for r in rows],
-                # NULL instead of arrays of NULLs: nothing to encode for the common case.
-                [r.headers for r in rows] if any(r.headers for r in rows) else None,
-                [r.key for r in rows] if any(r.key is not None for r in rows) else None,
-            )
+            result = await append_rows(conn, rows)
         self.batches += 1
         self.rows += len(rows)
-        # append_batch returns rows ordered by their 1-based ordinal
-        return [(rec["queue_id"], rec["partition"], rec["seq"]) for rec in records]
+        return result
 
     async def close(self) -> None:
         """Finish what was handed in, then stop."""

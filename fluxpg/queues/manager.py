@@ -468,6 +468,17 @@ class QueueManager:
                   partition_key: str | None) -> list[AppendRow] | tuple[str, int]:
         """The log rows one publish becomes (one per matching durable queue), or — when no
         durable queue matches — the (queue, offset) it got in an ephemeral queue."""
+        rows = self.durable_rows(topic, payload, headers, partition_key)
+        if rows is None:
+            qt = parse_queue_topic(topic)
+            return qt.queue, self.ephemeral.get(qt.queue).publish(topic, payload, headers)
+        return rows
+
+    def durable_rows(self, topic: str, payload: bytes, headers: dict[str, Any] | None,
+                     partition_key: str | None = None) -> list[AppendRow] | None:
+        """Validate and route a publish without doing it: the log rows it becomes, or None when
+        no durable queue takes it (an ephemeral queue would). Raises FluxError for bad input.
+        Shared by the publish path and transactions (queues/transactions.py)."""
         targets = self._routes.get(topic)   # a cached topic was validated when it was cached
         if targets is None:
             validate_topic_name(topic)
@@ -475,8 +486,7 @@ class QueueManager:
                 raise InvalidArgument(f"topic {topic!r} is not a queue topic ($queue/<name>/...)")
             targets = self.route(topic)
         if not targets:
-            qt = parse_queue_topic(topic)
-            return qt.queue, self.ephemeral.get(qt.queue).publish(topic, payload, headers)
+            return None
         # append_batch enforces the limit too; checking here refuses an oversized publish
         # without sending it, and keeps it from failing (and splitting) a whole group commit.
         size = len(payload)
@@ -600,30 +610,40 @@ class QueueManager:
             return "ephemeral"
         return (await self._require_queue(queue)).kind
 
-    async def ack(self, queue: str, group: str, seqs: list[int], partition: int = 0) -> int:
+    # `executor` (default: the pool) lets a transaction (queues/transactions.py) run the very
+    # same settlement inside its own PostgreSQL transaction.
+
+    async def ack(self, queue: str, group: str, seqs: list[int], partition: int = 0, *, executor=None) -> int:
         """Classic: done, remove from the pending list. Stream: checkpoint. Returns how many
         entries it affected (0: nothing was pending — a documented no-op)."""
         kind = await self._kind(queue)
         if kind == "ephemeral":
             return 0
         if kind == "stream":
-            return await stream.checkpoint(self.pool, queue, group, seqs, partition)
-        return await classic.ack(self.pool, queue, group, seqs, partition)
+            return await stream.checkpoint(executor or self.pool, queue, group, seqs, partition)
+        return await classic.ack(executor or self.pool, queue, group, seqs, partition)
 
-    async def nack(self, queue: str, group: str, seqs: list[int], partition: int = 0) -> int:
+    async def nack(self, queue: str, group: str, seqs: list[int], partition: int = 0, *, executor=None) -> int:
         """Classic: redeliver after the retry backoff. Stream: no-op."""
         kind = await self._kind(queue)
         if kind == "ephemeral":
             return 0
-        return await classic.nack(self.pool, queue, group, seqs, partition)   # a no-op for streams (in SQL)
+        return await classic.nack(executor or self.pool, queue, group, seqs, partition)   # a no-op for streams (in SQL)
 
     async def reject(self, queue: str, group: str, seqs: list[int], reason: str | None = None,
-                     partition: int = 0) -> int:
+                     partition: int = 0, *, executor=None) -> int:
         """Classic: dead-letter. Stream: move the cursor past the message."""
         kind = await self._kind(queue)
         if kind == "ephemeral":
             return 0
-        return await classic.reject(self.pool, queue, group, seqs, reason, partition)
+        return await classic.reject(executor or self.pool, queue, group, seqs, reason, partition)
+
+    def transaction(self, *, max_bytes: int | None = None):
+        """A local transaction: publishes and settlements collected, applied together in one
+        PostgreSQL transaction by `commit()` (see queues/transactions.py)."""
+        from fluxpg.queues.transactions import Transaction
+
+        return Transaction(self, max_bytes=max_bytes)
 
     async def commit(self, queue: str, group: str, seq: int, partition: int = 0) -> None:
         """Stream: checkpoint at `seq` (the first offset not yet processed)."""

@@ -15,5 +15,20 @@ def connect(dsn, config=None, *, migrate=True, retention=False):
     return _connect(dsn, config, migrate=migrate, retention=retention)
 
 
-__all__ = ["connect", "Delivery", "FluxError", "InvalidArgument", "PayloadTooLarge", "QueueFull",
+def publish(conn, topic, payload, headers=None):
+    """Publish inside the application's own transaction on `conn` (asyncpg, psycopg or SQLAlchemy):
+    delivered if and only if it commits; see fluxpg.outbox."""
+    from fluxpg.outbox import publish as _publish
+
+    return _publish(conn, topic, payload, headers)
+
+
+def publish_batch(conn, messages):
+    """fluxpg.publish for many (topic, payload, headers) messages, in order; see fluxpg.outbox."""
+    from fluxpg.outbox import publish_batch as _publish_batch
+
+    return _publish_batch(conn, messages)
+
+
+__all__ = ["connect", "publish", "publish_batch", "Delivery", "FluxError", "InvalidArgument", "PayloadTooLarge", "QueueFull",
            "Unavailable", "UnknownQueue", "WrongQueueKind", "__version__"]

@@ -950,7 +950,7 @@ def publish(
     headers = _headers(header or [])
 
     async def run(conn: Any) -> Any:
-        return await conn.fetch("SELECT queue, seq FROM fluxpg.publish($1, $2, $3)", topic, payload, headers)
+        return await conn.fetch("SELECT queue, seq FROM fluxpg.append($1, $2, $3)", topic, payload, headers)
 
     with database(dsn, config_file, data_dir) as target:
         rows = asyncio.run(_query(target, run))

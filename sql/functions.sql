@@ -460,11 +460,12 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION fluxpg.append_batch(int[], text[], bytea[], jsonb[], text[]) IS 'Group-commit append of many messages to many queues in one transaction (used by the broker)';
 
-CREATE OR REPLACE FUNCTION fluxpg.publish(topic text, payload bytea, headers jsonb DEFAULT NULL)
-RETURNS TABLE (queue text, seq bigint) LANGUAGE plpgsql AS $$
+-- The queues a publish to `topic` reaches, after checking the topic and payload: shared by the
+-- direct append and the transactional publish so both refuse the same input the same way.
+CREATE OR REPLACE FUNCTION fluxpg._publish_targets(topic text, payload bytea) RETURNS int[]
+LANGUAGE plpgsql AS $$
 DECLARE
   ids int[];
-  k int;
 BEGIN
   IF topic IS NULL OR topic = '' OR topic ~ '[+#\x00]' THEN
     RAISE EXCEPTION USING ERRCODE = 'FP004', MESSAGE = format('invalid topic %L: a topic name has no wildcards', topic);
@@ -473,11 +474,22 @@ BEGIN
     RAISE EXCEPTION USING ERRCODE = 'FP004', MESSAGE = 'payload must not be NULL (use an empty bytea)';
   END IF;
   ids := fluxpg.route(topic);
-  k := cardinality(ids);
-  IF k = 0 THEN
+  IF cardinality(ids) = 0 THEN
     RAISE EXCEPTION USING ERRCODE = 'FP001', MESSAGE = format('no queue is bound to topic %L', topic),
       HINT = 'declare a queue whose topics match it, e.g. $queue/<name>/#';
   END IF;
+  RETURN ids;
+END $$;
+
+-- The direct append: offsets are assigned at once, so it takes each queue's head row lock and holds
+-- it until the caller's transaction ends. Right for autocommit callers (the CLI, tools, tests that
+-- need the offset back); inside a longer transaction use fluxpg.publish().
+CREATE OR REPLACE FUNCTION fluxpg.append(topic text, payload bytea, headers jsonb DEFAULT NULL)
+RETURNS TABLE (queue text, seq bigint) LANGUAGE plpgsql AS $$
+DECLARE
+  ids int[] := fluxpg._publish_targets(topic, payload);
+  k int := cardinality(ids);
+BEGIN
   RETURN QUERY
   SELECT q.name, a.seq
     FROM fluxpg.append_batch(ids, array_fill(topic, ARRAY[k]), array_fill(payload, ARRAY[k]),
@@ -485,7 +497,84 @@ BEGIN
     JOIN fluxpg.queues q ON q.id = a.queue_id
    ORDER BY a.ord;
 END $$;
-COMMENT ON FUNCTION fluxpg.publish(text, bytea, jsonb) IS 'Append a message to every queue whose topics match; returns (queue, offset) per queue';
+COMMENT ON FUNCTION fluxpg.append(text, bytea, jsonb) IS 'Append a message to every queue whose topics match and return (queue, offset) per queue; holds the queues'' head locks until the transaction ends (use fluxpg.publish inside application transactions)';
+
+-- ---------------------------------------------------------------------------------------------
+-- Publishing inside the caller's transaction (the outbox without a relay)
+-- ---------------------------------------------------------------------------------------------
+-- fluxpg.publish() only INSERTs into fluxpg.staged: no head lock, so an application transaction of
+-- any length blocks no other publisher. The deferred constraint trigger staged_append_at_commit
+-- (sql/0005_outbox.sql) runs fluxpg._append_staged() when the caller commits (pre-commit): it takes the transaction's
+-- rows out of fluxpg.staged and appends them with append_batch, so the head lock is held only for
+-- the commit itself, offsets follow commit order exactly (the head lock orders them with every
+-- other append), and a rollback leaves no trace and no gap. A queue that is full at commit fails
+-- the commit (FP003), like a constraint violation: the message and the application's rows are
+-- one. (`SET CONSTRAINTS ALL IMMEDIATE` would append at the end of the statement instead and hold
+-- the head lock until commit: don't.) Each staging transaction also holds a shared advisory lock
+-- per target queue (key 1179669332 = 'FPST', queue id) until it ends: queue_stats counts those to
+-- show how many open transactions have messages waiting, and the oldest one's age.
+
+CREATE OR REPLACE FUNCTION fluxpg._stage(ids int[], topic text, payload bytea, headers jsonb) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+  q record;
+BEGIN
+  -- Refuse what could never be appended now, when the caller can still react.
+  FOR q IN SELECT qq.id, qq.name, coalesce((qq.settings #>> '{limits,max_message_size}')::bigint, 0) AS lim
+             FROM fluxpg.queues qq WHERE qq.id = ANY (ids) ORDER BY qq.id
+  LOOP
+    IF q.lim > 0 AND octet_length(payload) > q.lim THEN
+      PERFORM fluxpg._too_large(q.name, octet_length(payload), q.lim);
+    END IF;
+    PERFORM pg_advisory_xact_lock_shared(1179669332, q.id);
+  END LOOP;
+  INSERT INTO fluxpg.staged (queue_id, topic, payload, headers, part_key)
+  SELECT u.qid, topic, payload, headers, headers ->> 'x-partition-key'
+    FROM unnest(ids) WITH ORDINALITY AS u(qid, i) ORDER BY u.i;
+END $$;
+
+CREATE OR REPLACE FUNCTION fluxpg.publish(topic text, payload bytea, headers jsonb DEFAULT NULL)
+RETURNS TABLE (queue text, seq bigint) LANGUAGE plpgsql AS $$
+DECLARE
+  ids int[] := fluxpg._publish_targets(topic, payload);
+BEGIN
+  PERFORM fluxpg._stage(ids, topic, payload, headers);
+  -- The offset is assigned when the caller commits.
+  RETURN QUERY SELECT q.name, NULL::bigint FROM unnest(ids) WITH ORDINALITY AS u(qid, i)
+                 JOIN fluxpg.queues q ON q.id = u.qid ORDER BY u.i;
+END $$;
+COMMENT ON FUNCTION fluxpg.publish(text, bytea, jsonb) IS 'Publish a message to every queue whose topics match, inside the caller''s transaction: appended when it commits, in commit order, blocking no other publisher meanwhile. Returns (queue, NULL): the offset is assigned at commit (fluxpg.append returns it at once but holds the head lock until the transaction ends)';
+
+CREATE OR REPLACE FUNCTION fluxpg.publish_batch(topics text[], payloads bytea[], headers jsonb[] DEFAULT NULL)
+RETURNS TABLE (ord int, queue text) LANGUAGE plpgsql AS $$
+DECLARE
+  n int := cardinality(topics);
+  i int;
+  ids int[];
+BEGIN
+  IF n IS NULL OR n = 0 THEN RETURN; END IF;
+  IF cardinality(payloads) <> n OR (headers IS NOT NULL AND cardinality(headers) <> n) THEN
+    RAISE EXCEPTION USING ERRCODE = 'FP004', MESSAGE = 'publish_batch: arrays must have the same length';
+  END IF;
+  FOR i IN 1 .. n LOOP
+    ids := fluxpg._publish_targets(topics[i], payloads[i]);
+    PERFORM fluxpg._stage(ids, topics[i], payloads[i], headers[i]);
+    RETURN QUERY SELECT i, q.name FROM unnest(ids) WITH ORDINALITY AS u(qid, j)
+                   JOIN fluxpg.queues q ON q.id = u.qid ORDER BY u.j;
+  END LOOP;
+END $$;
+COMMENT ON FUNCTION fluxpg.publish_batch(text[], bytea[], jsonb[]) IS 'fluxpg.publish for many messages (in order) in the caller''s transaction; returns (ordinal, queue) per queue reached';
+
+-- Per queue: open transactions holding messages published to it (their shared staging locks; the
+-- rows themselves are invisible until commit), and the oldest such transaction's age.
+CREATE OR REPLACE FUNCTION fluxpg._staging(qid int, OUT staging_transactions int, OUT oldest_staging_age interval)
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+  SELECT count(*), now() - min(a.xact_start) INTO staging_transactions, oldest_staging_age
+    FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+   WHERE l.locktype = 'advisory' AND l.classid = 1179669332::oid AND l.objid = qid::oid
+     AND l.objsubid = 2 AND l.granted;
+END $$;
 
 -- ---------------------------------------------------------------------------------------------
 -- Dead letters

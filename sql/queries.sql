@@ -102,3 +102,9 @@ SELECT queue, grp, mode, partition, cursor, committed, lag, pending, oldest_pend
 -- name: pending_entries
 SELECT queue, grp, partition, seq, consumer, idle, delivery_count, visible_at, message_id
   FROM fluxpg.pending_entries WHERE queue = $1 AND grp = $2 LIMIT $3;
+
+-- name: outbox_publish
+SELECT queue FROM fluxpg.publish($1, $2, CAST(CAST($3 AS text) AS jsonb));
+
+-- name: outbox_publish_batch
+SELECT ord, queue FROM fluxpg.publish_batch(CAST($1 AS text[]), CAST($2 AS bytea[]), CAST(CAST($3 AS text[]) AS jsonb[]));

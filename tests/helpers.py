@@ -10,7 +10,7 @@ async def declare(conn: asyncpg.Connection, name: str, kind: str = "classic", se
 
 
 async def publish(conn: asyncpg.Connection, topic: str, payload: bytes = b"x", headers: dict | None = None):
-    return [tuple(r) for r in await conn.fetch("SELECT queue, seq FROM fluxpg.publish($1, $2, $3)", topic, payload, headers)]
+    return [tuple(r) for r in await conn.fetch("SELECT queue, seq FROM fluxpg.append($1, $2, $3)", topic, payload, headers)]
 
 
 async def publish_many(conn: asyncpg.Connection, queue: str, n: int, routing_key: str = "k", payload: bytes = b"x"):

@@ -111,7 +111,7 @@ def queue(dsn, qname):
     """A classic queue with three messages, two claimed by consumer c1 of group workers."""
     sql(dsn, "SELECT fluxpg.declare_queue(%s, 'classic', NULL, '{}')", qname)
     for payload in (b"first", b"second", b"\x00\xffbinary"):
-        sql(dsn, "SELECT * FROM fluxpg.publish(%s, %s, NULL)", f"$queue/{qname}/eu", payload)
+        sql(dsn, "SELECT * FROM fluxpg.append(%s, %s, NULL)", f"$queue/{qname}/eu", payload)
     claimed = sql(dsn, "SELECT seq FROM fluxpg.claim(%s, 'workers', 'c1', 2)", qname)
     assert [r[0] for r in claimed] == [0, 1]
     return qname
@@ -297,7 +297,7 @@ def test_tail_follow_prints_new_messages_until_sigint(dsn, queue):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env())
     try:
         time.sleep(1.5)  # let it start listening; a message before that is found by the poll anyway
-        sql(dsn, "SELECT * FROM fluxpg.publish(%s, 'live', NULL)", f"$queue/{queue}/eu")
+        sql(dsn, "SELECT * FROM fluxpg.append(%s, 'live', NULL)", f"$queue/{queue}/eu")
         line = proc.stdout.readline().decode()
         assert line.split("\t")[0] == "3" and line.rstrip("\n").endswith("\tlive")
         proc.send_signal(signal.SIGINT)

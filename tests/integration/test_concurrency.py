@@ -20,7 +20,7 @@ async def test_each_message_goes_to_exactly_one_consumer(dsn, qname):
 
     async def publisher(conn, start):
         for i in range(start, MESSAGES, 2):
-            await conn.fetchval("SELECT count(*) FROM fluxpg.publish($1, $2)", f"$queue/{qname}/k", b"%d" % i)
+            await conn.fetchval("SELECT count(*) FROM fluxpg.append($1, $2)", f"$queue/{qname}/k", b"%d" % i)
 
     async def consumer(conn, name):
         got = []

@@ -242,7 +242,7 @@ async def test_reserved_queue_only_takes_what_no_other_queue_does(manager_factor
     await manager_factory([])
     mgr = await manager_factory([QueueConfig(name=qname)])
     assert await mgr.publish(f"$queue/{qname}/x", b"p") == [(qname, 0)]
-    assert [tuple(r) for r in await conn.fetch("SELECT queue, seq FROM fluxpg.publish($1, 'p')",
+    assert [tuple(r) for r in await conn.fetch("SELECT queue, seq FROM fluxpg.append($1, 'p')",
                                                f"$queue/{qname}/y")] == [(qname, 1)]
     [(queue, _)] = await mgr.publish(f"$queue/unbound-{qname}/x", b"p")
     assert queue == f"unbound-{qname}"          # not the leftover catch-all: an ephemeral queue

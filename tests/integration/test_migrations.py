@@ -30,6 +30,8 @@ VIEWS = {  # DESIGN §3: the columns each view keeps at least
 FUNCTIONS = (  # DESIGN §3 signatures (optional arguments may follow), type names as regtype spells them
     "fluxpg.declare_queue(text, text, text[], jsonb)",
     "fluxpg.publish(text, bytea, jsonb)",
+    "fluxpg.append(text, bytea, jsonb)",
+    "fluxpg.publish_batch(text[], bytea[], jsonb[])",
     "fluxpg.claim(text, text, text, integer)",
     "fluxpg.read(text, text, text, integer)",
     "fluxpg.ack(text, text, bigint[])",
@@ -138,7 +140,7 @@ def test_upgrade_creates_the_documented_schema(database):
 def test_second_upgrade_is_a_no_op(database):
     db.migrate(database)
     query(database, "SELECT fluxpg.declare_queue('kept', 'classic', NULL, '{}')")
-    query(database, "SELECT * FROM fluxpg.publish('$queue/kept/x', 'payload', NULL)")
+    query(database, "SELECT * FROM fluxpg.append('$queue/kept/x', 'payload', NULL)")
     before = fluxpg_objects(database)
     db.migrate(database)
     db.migrate(database, "head")
@@ -162,8 +164,8 @@ def test_downgrade_to_base_removes_fluxpg_and_nothing_else(database):
     query(database, "SELECT fluxpg.declare_queue('orders', 'classic', NULL, '{}')")
     query(database, "SELECT fluxpg.declare_queue('events', 'stream', NULL, '{\"partitions\": 2}')")
     for i in range(5):
-        query(database, "SELECT * FROM fluxpg.publish('$queue/orders/eu', %s, NULL)", f"m{i}".encode())
-        query(database, "SELECT * FROM fluxpg.publish('$queue/events/x', %s, NULL)", f"e{i}".encode())
+        query(database, "SELECT * FROM fluxpg.append('$queue/orders/eu', %s, NULL)", f"m{i}".encode())
+        query(database, "SELECT * FROM fluxpg.append('$queue/events/x', %s, NULL)", f"e{i}".encode())
     assert len(query(database, "SELECT * FROM fluxpg.claim('orders', 'workers', 'c1', 2)")) == 2
     assert fluxpg_objects(database)
 
@@ -181,7 +183,7 @@ def test_downgrade_to_base_removes_fluxpg_and_nothing_else(database):
     db.migrate(database)
     assert db.current_revision(database) == db.head_revision()
     query(database, "SELECT fluxpg.declare_queue('orders', 'classic', NULL, '{}')")
-    assert query(database, "SELECT queue, seq FROM fluxpg.publish('$queue/orders/eu', 'again', NULL)") == \
+    assert query(database, "SELECT queue, seq FROM fluxpg.append('$queue/orders/eu', 'again', NULL)") == \
         [("orders", 0)]
 
 

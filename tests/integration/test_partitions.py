@@ -42,8 +42,8 @@ async def test_partition_choice_by_key_routing_key_or_round_robin(conn, qname):
     spread = Counter(r["partition"] for r in await fill(conn, qname, 40))
     assert sorted(spread) == [0, 1, 2, 3] and set(spread.values()) == {10}
     # the routing key when there is no explicit key
-    rows = await conn.fetch("SELECT queue, seq FROM fluxpg.publish($1, 'x')", f"$queue/{qname}/device-1")
-    again = await conn.fetch("SELECT queue, seq FROM fluxpg.publish($1, 'x')", f"$queue/{qname}/device-1")
+    rows = await conn.fetch("SELECT queue, seq FROM fluxpg.append($1, 'x')", f"$queue/{qname}/device-1")
+    again = await conn.fetch("SELECT queue, seq FROM fluxpg.append($1, 'x')", f"$queue/{qname}/device-1")
     parts = await conn.fetch("SELECT DISTINCT partition FROM fluxpg.log WHERE queue_id = "
                              "(SELECT id FROM fluxpg.queues WHERE name = $1) AND topic = $2", qname, f"$queue/{qname}/device-1")
     assert rows and again and len(parts) == 1

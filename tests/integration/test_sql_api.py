@@ -136,8 +136,8 @@ async def test_concurrent_appends_commit_in_seq_order(dsn, qname):
         await declare(c1, qname)
         tx = c1.transaction()
         await tx.start()
-        first = await c1.fetchval("SELECT seq FROM fluxpg.publish($1, 'a')", f"$queue/{qname}/x")
-        second = asyncio.create_task(c2.fetchval("SELECT seq FROM fluxpg.publish($1, 'b')", f"$queue/{qname}/x"))
+        first = await c1.fetchval("SELECT seq FROM fluxpg.append($1, 'a')", f"$queue/{qname}/x")
+        second = asyncio.create_task(c2.fetchval("SELECT seq FROM fluxpg.append($1, 'b')", f"$queue/{qname}/x"))
         await asyncio.sleep(0.2)
         assert not second.done()  # waits for the head lock
         await tx.commit()

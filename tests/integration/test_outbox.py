@@ -1,0 +1,210 @@
+"""Publishing inside the application's own transaction (fluxpg.publish → fluxpg.staged → appended
+by a deferred trigger at commit).
+
+Real PostgreSQL and a real queue manager: a long application transaction blocks no other
+publisher; messages are delivered only after commit, in commit order; a rollback leaves no trace
+and no stall; the Python API works on asyncpg, psycopg and SQLAlchemy connections."""
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+import psycopg
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+from sqlalchemy.orm import Session
+
+import fluxpg
+from fluxpg import db
+from fluxpg.config import QueueConfig
+
+from tests.helpers import declare
+
+
+async def _drain(conn, queue, group, want, timeout=15.0):
+    """Claim and ack until `want` messages arrived (or the timeout): their payloads, in order."""
+    got = []
+    deadline = time.monotonic() + timeout
+    while len(got) < want and time.monotonic() < deadline:
+        rows = await conn.fetch("SELECT seq, payload FROM fluxpg.claim($1, $2, 'c', 500)", queue, group)
+        if rows:
+            await conn.execute("SELECT fluxpg.ack($1, $2, $3)", queue, group, [r["seq"] for r in rows])
+            got.extend(bytes(r["payload"]) for r in rows)
+        else:
+            await asyncio.sleep(0.02)
+    return got
+
+
+async def test_long_transaction_blocks_no_publisher_and_is_delivered_after_commit(dsn, conn, qname, manager_factory):
+    mgr = await manager_factory([QueueConfig(name=qname, topics=[f"$queue/{qname}/#"])])
+    app = await db.connect(dsn)
+    other = await db.connect(dsn)
+    try:
+        tx = app.transaction()
+        await tx.start()
+        assert await fluxpg.publish(app, f"$queue/{qname}/created", b"in-tx", {"order": 42}) == [qname]
+
+        # While the application transaction is open: a broker publish and an SQL publish from
+        # another connection complete at once (the bound is generous; a held head lock would
+        # make them wait for the commit below, 2 s later).
+        started = time.monotonic()
+        await mgr.publish(f"$queue/{qname}/x", b"broker")
+        await other.fetch("SELECT * FROM fluxpg.publish($1, 'sql')", f"$queue/{qname}/x")
+        await other.fetch("SELECT * FROM fluxpg.append($1, 'direct')", f"$queue/{qname}/x")
+        assert time.monotonic() - started < 1.5
+
+        assert await _drain(conn, qname, "g", 3, timeout=5) == [b"broker", b"sql", b"direct"]
+        stats = await conn.fetchrow("SELECT staging_transactions, oldest_staging_age "
+                                    "FROM fluxpg.queue_stats WHERE queue = $1", qname)
+        assert stats["staging_transactions"] == 1
+        assert stats["oldest_staging_age"].total_seconds() > 0
+        await asyncio.sleep(2)
+        assert await _drain(conn, qname, "g", 1, timeout=0.5) == []   # invisible until commit
+
+        await tx.commit()
+        assert await _drain(conn, qname, "g", 1) == [b"in-tx"]
+        row = await conn.fetchrow("SELECT seq, headers FROM fluxpg.log l JOIN fluxpg.queues q ON q.id = l.queue_id "
+                                  "WHERE q.name = $1 AND l.payload = 'in-tx'", qname)
+        assert row["seq"] == 3 and row["headers"] == {"order": 42}
+        assert await conn.fetchval("SELECT staging_transactions FROM fluxpg.queue_stats WHERE queue = $1", qname) == 0
+        assert await conn.fetchval("SELECT count(*) FROM fluxpg.staged") == 0
+    finally:
+        await app.close()
+        await other.close()
+
+
+async def test_rollback_leaves_no_trace_and_no_stall(dsn, conn, qname, manager_factory):
+    await manager_factory([QueueConfig(name=qname, topics=[f"$queue/{qname}/#"])])
+    app = await db.connect(dsn)
+    try:
+        for i in range(3):
+            tx = app.transaction()
+            await tx.start()
+            await fluxpg.publish(app, f"$queue/{qname}/x", b"rolled-back-%d" % i)
+            await tx.rollback()
+        async with app.transaction():
+            await fluxpg.publish(app, f"$queue/{qname}/x", b"kept")
+        assert await _drain(conn, qname, "g", 1) == [b"kept"]
+        assert await conn.fetchval("SELECT count(*) FROM fluxpg.staged") == 0
+        # No gap: the kept message got the first offset.
+        assert await conn.fetchval("SELECT seq FROM fluxpg.log l JOIN fluxpg.queues q ON q.id = l.queue_id "
+                                   "WHERE q.name = $1", qname) == 0
+    finally:
+        await app.close()
+
+
+async def test_interleaved_commits_are_seen_in_commit_order_exactly_once(dsn, conn, qname, manager_factory):
+    """8 connections run transactions of 1–3 messages with random pauses, a quarter rolled back.
+    Every committed message arrives once; within each connection (whose transactions commit one
+    after the other) offsets follow commit order; nothing rolled back appears."""
+    await manager_factory([QueueConfig(name=qname, topics=[f"$queue/{qname}/#"])])
+    rng = random.Random(7)
+    committed: dict[int, list[bytes]] = {w: [] for w in range(8)}
+
+    async def worker(w: int) -> None:
+        c = await db.connect(dsn)
+        try:
+            for t in range(12):
+                msgs = [f"w{w}-t{t}-m{m}".encode() for m in range(rng.randint(1, 3))]
+                tx = c.transaction()
+                await tx.start()
+                for m in msgs:
+                    await fluxpg.publish(c, f"$queue/{qname}/w{w}", m)
+                    await asyncio.sleep(rng.random() * 0.01)
+                if rng.random() < 0.25:
+                    await tx.rollback()
+                else:
+                    await tx.commit()
+                    committed[w].extend(msgs)
+        finally:
+            await c.close()
+
+    await asyncio.gather(*(worker(w) for w in range(8)))
+    want = sum(len(v) for v in committed.values())
+    got = await _drain(conn, qname, "g", want)
+    assert len(got) == want and set(got) == {m for v in committed.values() for m in v}
+    for w, msgs in committed.items():
+        assert [m for m in got if m.startswith(b"w%d-" % w)] == msgs
+    rows = await conn.fetch("SELECT seq FROM fluxpg.log l JOIN fluxpg.queues q ON q.id = l.queue_id "
+                            "WHERE q.name = $1 ORDER BY seq", qname)
+    assert [r["seq"] for r in rows] == list(range(want))    # no gaps
+
+
+async def test_a_queue_full_at_commit_fails_the_commit_and_nothing_else(dsn, conn, qname, manager_factory):
+    """The message and the application's rows are one: a queue that is full when the caller commits
+    fails the commit (FP003, like a constraint violation); the application's row is not there
+    either, and the next transaction, after consumers made room, goes through."""
+    full = f"{qname}_full"
+    mgr = await manager_factory([QueueConfig(name=full, topics=[f"$queue/{full}/#"], limits={"max_depth": 2})])
+    await conn.execute(f"CREATE TABLE {qname}_rows (id int)")
+    for i in range(2):
+        await mgr.publish(f"$queue/{full}/x", b"direct-%d" % i)
+    app = await db.connect(dsn)
+    try:
+        with pytest.raises(Exception, match="is full"):
+            async with app.transaction():
+                await app.execute(f"INSERT INTO {qname}_rows VALUES (1)")
+                await fluxpg.publish(app, f"$queue/{full}/x", b"refused")
+        assert await conn.fetchval(f"SELECT count(*) FROM {qname}_rows") == 0
+        assert await _drain(conn, full, "g", 2) == [b"direct-0", b"direct-1"]
+        async with app.transaction():
+            await app.execute(f"INSERT INTO {qname}_rows VALUES (2)")
+            await fluxpg.publish(app, f"$queue/{full}/x", b"accepted")
+        assert await _drain(conn, full, "g", 1) == [b"accepted"]
+        assert await conn.fetchval(f"SELECT count(*) FROM {qname}_rows") == 1
+    finally:
+        await app.close()
+        await conn.execute(f"DROP TABLE {qname}_rows")
+
+
+def test_psycopg_and_sqlalchemy_sessions(dsn, qname):
+    """The sync kinds: a psycopg connection and a SQLAlchemy Session, with the application's own
+    rows in the same transaction. No broker runs: the commit alone appends the messages."""
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute("SELECT fluxpg.declare_queue(%s, 'classic', NULL, '{}')", (qname,))
+        admin.execute(f"CREATE TABLE {qname}_orders (id int PRIMARY KEY, total int)")
+    with psycopg.connect(dsn) as pconn:   # a transaction until the block ends
+        pconn.execute(f"INSERT INTO {qname}_orders VALUES (1, 10)")
+        assert fluxpg.publish(pconn, f"$queue/{qname}/created", b"order-1", {"id": 1}) == [qname]
+    engine = create_engine(db.sqlalchemy_url(dsn))
+    with Session(engine) as session, session.begin():
+        session.execute(text(f"INSERT INTO {qname}_orders VALUES (2, 20)"))
+        assert fluxpg.publish_batch(session, [(f"$queue/{qname}/created", b"order-2", {"id": 2}),
+                                              (f"$queue/{qname}/created", "order-3", None)]) == \
+            [(1, qname), (2, qname)]
+    with Session(engine) as session, session.begin():
+        session.execute(text(f"INSERT INTO {qname}_orders VALUES (4, 40)"))
+        fluxpg.publish(session, f"$queue/{qname}/created", b"order-4")
+        session.rollback()
+    engine.dispose()
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        rows = admin.execute("SELECT seq, payload, headers FROM fluxpg.log l JOIN fluxpg.queues q ON q.id = l.queue_id "
+                             "WHERE q.name = %s ORDER BY seq", (qname,)).fetchall()
+        assert [(s, bytes(p), h) for s, p, h in rows] == [(0, b"order-1", {"id": 1}), (1, b"order-2", {"id": 2}),
+                                                         (2, b"order-3", None)]
+        assert admin.execute(f"SELECT id FROM {qname}_orders ORDER BY id").fetchall() == [(1,), (2,)]
+        admin.execute(f"DROP TABLE {qname}_orders")
+
+
+async def test_async_sqlalchemy_session_and_errors_in_the_callers_transaction(dsn, conn, qname, manager_factory):
+    await manager_factory([QueueConfig(name=qname, topics=[f"$queue/{qname}/#"], limits={"max_message_size": 10})])
+    engine = create_async_engine(db.sqlalchemy_url(dsn).replace("+psycopg", "+asyncpg"))
+    try:
+        async with AsyncSession(engine) as session, session.begin():
+            assert await fluxpg.publish(session, f"$queue/{qname}/a", b"small") == [qname]
+        # Bad input fails in the caller's transaction, with fluxpg's SQLSTATE, never later.
+        async with AsyncSession(engine) as session:
+            with pytest.raises(Exception, match="exceeds limits.max_message_size"):
+                async with session.begin():
+                    await fluxpg.publish(session, f"$queue/{qname}/a", b"x" * 11)
+        async with AsyncSession(engine) as session:
+            with pytest.raises(Exception, match="no queue is bound"):
+                async with session.begin():
+                    await fluxpg.publish(session, "$queue/nobody_here_at_all/a", b"x")
+    finally:
+        await engine.dispose()
+    assert await _drain(conn, qname, "g", 1) == [b"small"]
+    with pytest.raises(TypeError, match="needs an asyncpg or psycopg connection"):
+        fluxpg.publish(object(), "t", b"x")

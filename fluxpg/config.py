@@ -483,6 +483,31 @@ class UserConfig(_Strict):
         return self
 
 
+class TokenConfig(_Strict):
+    """A bearer token for the HTTP listener (e.g. Prometheus scraping /metrics): `Authorization:
+    Bearer <token>`. Production configs keep only its SHA-256 (`sha256sum` of the token; tokens
+    are long random secrets, so a fast hash is enough); a plain `token` is for development."""
+
+    name: str = Field(min_length=1)
+    token: str | None = Field(None, repr=False, min_length=16)
+    token_sha256: str | None = Field(None, repr=False, pattern=r"^[0-9a-fA-F]{64}$")
+    # Omitted: every right. For scraping: [{action: monitoring, pattern: "#"}].
+    permissions: list[PermissionConfig] | None = None
+
+    @model_validator(mode="after")
+    def _one_secret(self) -> TokenConfig:
+        if (self.token is None) == (self.token_sha256 is None):
+            raise ValueError(f"token {self.name!r}: give exactly one of token (development) or token_sha256")
+        return self
+
+    def sha256(self) -> str:
+        import hashlib  # noqa: PLC0415
+
+        if self.token_sha256 is not None:
+            return self.token_sha256.lower()
+        return hashlib.sha256(self.token.encode("utf-8")).hexdigest()
+
+
 class AuthConfig(_Strict):
     allow_anonymous: bool = False
     # Permissions of anonymous clients (with allow_anonymous); omitted = everything.
@@ -490,6 +515,8 @@ class AuthConfig(_Strict):
     users: list[UserConfig] = Field(default_factory=list)
     # How long a user looked up in the fluxpg.users table is remembered.
     cache_ttl: Duration = timedelta(seconds=5)
+    # Bearer tokens of the HTTP listener (/api/*, /metrics), e.g. for Prometheus.
+    tokens: list[TokenConfig] = Field(default_factory=list)
 
     @field_validator("users")
     @classmethod

@@ -108,3 +108,71 @@ SELECT queue FROM fluxpg.publish($1, $2, CAST(CAST($3 AS text) AS jsonb));
 
 -- name: outbox_publish_batch
 SELECT ord, queue FROM fluxpg.publish_batch(CAST($1 AS text[]), CAST($2 AS bytea[]), CAST(CAST($3 AS text[]) AS jsonb[]));
+
+-- ---------------------------------------------------------------------------------------------
+-- Admin and console (fluxpg/queues/admin.py): not on the hot path. Long lists are paged by
+-- keyset (WHERE offset >= last seen, ORDER BY, LIMIT): one index range scan per page, as fast for
+-- a queue of 10 million messages as for one of 10.
+-- ---------------------------------------------------------------------------------------------
+
+-- name: ping
+SELECT 1;
+
+-- name: queue_id
+SELECT id FROM fluxpg.queues WHERE name = $1;
+
+-- name: all_group_status
+SELECT queue, grp, mode, partition, cursor, committed, lag, pending, oldest_pending_age, filter,
+       auto_commit, consumers, last_active_at
+  FROM fluxpg.group_status;
+
+-- name: queue_rows
+SELECT q.name, q.kind, q.partitions, q.settings, q.created_at,
+       (SELECT count(*) FROM fluxpg.members m JOIN fluxpg.groups g ON g.id = m.group_id
+         WHERE g.queue_id = q.id)::int AS consumers
+  FROM fluxpg.queues q ORDER BY q.name;
+
+-- name: queue_counters
+SELECT q.name AS queue, (SELECT sum(h.next_seq) FROM fluxpg.heads h WHERE h.queue_id = q.id)::bigint AS appended,
+       (SELECT coalesce(sum(c.cursor), 0) FROM fluxpg.cursors c JOIN fluxpg.groups g ON g.id = c.group_id
+         WHERE g.queue_id = q.id)::bigint AS delivered
+  FROM fluxpg.queues q;
+
+-- name: queue_bounds
+SELECT h.partition, h.first_seq, h.next_seq
+  FROM fluxpg.heads h JOIN fluxpg.queues q ON q.id = h.queue_id
+ WHERE q.name = $1 ORDER BY h.partition;
+
+-- name: browse
+SELECT l.partition, l.seq, l.topic, substring(l.payload FROM 1 FOR $5) AS payload,
+       octet_length(l.payload) AS size, l.headers, l.created_at, l.expires_at,
+       EXISTS (SELECT 1 FROM fluxpg.redriven r
+                WHERE r.queue_id = l.queue_id AND r.partition = l.partition AND r.seq = l.seq) AS redriven
+  FROM fluxpg.log l
+ WHERE l.queue_id = $1 AND l.partition = $2 AND l.seq >= $3
+   AND ($6 OR NOT EXISTS (SELECT 1 FROM fluxpg.redriven r
+                           WHERE r.queue_id = l.queue_id AND r.partition = l.partition AND r.seq = l.seq))
+ ORDER BY l.seq
+ LIMIT $4;
+
+-- name: offset_at
+SELECT fluxpg.offset_at($1, $2, $3);
+
+-- name: pending_page
+SELECT partition, seq, consumer, idle, delivery_count, delivered_at, visible_at, message_id
+  FROM fluxpg.pending_entries
+ WHERE queue = $1 AND grp = $2 AND (partition, seq) >= ($3, $4)
+ ORDER BY partition, seq
+ LIMIT $5;
+
+-- name: nodes
+SELECT id, host, pid, started_at, last_seen_at FROM fluxpg.nodes ORDER BY id;
+
+-- name: redrive
+SELECT fluxpg.redrive($1, $2::bigint[], $3, $4, $5);
+
+-- name: delete_group
+SELECT fluxpg.delete_group($1, $2);
+
+-- name: reset_group
+SELECT fluxpg.reset_group($1, $2, $3);

@@ -1,19 +1,25 @@
-"""The HTTP admin and metrics endpoint: a minimal HTTP/1.1 server, no framework.
+"""The HTTP listener: admin API, Prometheus metrics and the browser console, served by aiohttp.
 
-The listener sniffs an HTTP method and hands the connection here. One request per connection
-(every response says `Connection: close`), GET and HEAD only:
+Every listener sniffs the first bytes of a connection (protocols/listener.py); an HTTP method hands
+it here, and `handle` gives the socket (TLS included) to an aiohttp request handler, with the bytes
+already read. aiohttp parses HTTP/1.1 (keep-alive, chunked bodies, WebSocket upgrades); this module
+only says what each path answers:
 
     GET /healthz                     200 {"status": "ok", "node": <id>} when the database answers, else 503
     GET /metrics                     Prometheus text format (queues, groups, appender, connections)
     GET /api/queues                  JSON rows of the view fluxpg.queue_stats
     GET /api/queues/<name>/groups    JSON rows of fluxpg.group_status for one queue (404 if unknown)
+    /  (and below)                   the console (fluxpg/console/), when it is installed
 
-Anything else: 404 for an unknown path, 405 for another method, 400 for a malformed request.
-Errors never leak a traceback to the client: the client gets a one-line JSON error, the log the rest.
+Errors of the API paths are one-line JSON objects (`{"error": …}`): 404 unknown path, 405 another
+method, 503 database unavailable, 500 anything else (the traceback goes to the log only).
 
-Request parsing (`parse_request`) and response building (`response`) are pure functions over bytes;
-only `handle` does I/O. `jsonable` is the JSON form of view rows shared with `fluxpg … --json`:
-timestamps as ISO 8601 strings, intervals as seconds (a number).
+With an `auth:` section /api/*, /metrics and the console need a user with the `monitoring` right
+(HTTP Basic — only over TLS when the listener has TLS — or a bearer token of `auth.tokens`);
+/healthz stays open for load balancers (fluxpg/protocols/http_auth.py).
+
+`jsonable` is the JSON form of view rows shared with `fluxpg … --json`: timestamps as ISO 8601
+strings, intervals as seconds (a number).
 """
 from __future__ import annotations
 
@@ -21,110 +27,33 @@ import asyncio
 import json
 import logging
 import os
-import re
 import socket
-from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 from urllib.parse import unquote
 
+from aiohttp import web
+
+from fluxpg.queues.admin import Admin
+from fluxpg.errors import FluxError, Unavailable, UnknownQueue
+
 log = logging.getLogger("fluxpg.http")
 
-MAX_HEAD_BYTES = 16 * 1024      # request line + headers; more is refused with 400
-MAX_DISCARD_BYTES = 1 << 20     # a request body we read and drop so the client sees our answer
-READ_TIMEOUT = 10.0             # seconds for the whole request head
-DB_TIMEOUT = 5.0                # seconds for one database query of a request
-
-ALLOWED_METHODS = ("GET", "HEAD")
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-            500: "Internal Server Error", 503: "Service Unavailable"}
-_TOKEN = re.compile(rb"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
-_VERSION = re.compile(rb"^HTTP/1\.[01]$")
-_GROUPS_PATH = re.compile(r"^/api/queues/(.+)/groups/?$")
+DB_TIMEOUT = 5.0                # seconds for the database work of one API request
+MAX_REQUEST_BODY = 1 << 20      # console forms and test publishes; more is refused with 413
+KEEPALIVE_TIMEOUT = 30.0        # an idle keep-alive connection is closed after this
 
 JSON_TYPE = "application/json"
 PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+API_METHODS = ("GET", "HEAD")
+
+APP_KEY = "fluxpg.http.app"     # ctx.state key of the running aiohttp application
+CTX = web.AppKey("ctx", object)
+ADMIN = web.AppKey("admin", Admin)
 
 
-class BadRequest(ValueError):
-    """The bytes are not an HTTP/1.x request we can read (answered with 400)."""
-
-
-@dataclass
-class Request:
-    method: str
-    target: str
-    path: str           # percent-encoded, without the query string
-    query: str
-    version: str
-    headers: dict[str, str] = field(default_factory=dict)   # lower-case names; repeated ones joined by ", "
-
-    def content_length(self) -> int:
-        value = self.headers.get("content-length", "0").strip() or "0"
-        if not value.isdigit():
-            raise BadRequest(f"invalid Content-Length {value!r}")
-        return int(value)
-
-
-# --------------------------------------------------------------------------------- pure parts
-
-def head_end(data: bytes) -> int:
-    """Index just past the blank line ending the request head, or -1 when it is not there yet.
-
-    Bare LF line endings are accepted as well as CRLF (RFC 9112 §2.2 allows a recipient to).
-    """
-    ends = [i + n for i, n in ((data.find(b"\r\n\r\n"), 4), (data.find(b"\n\n"), 2)) if i >= 0]
-    return min(ends) if ends else -1
-
-
-def parse_request(head: bytes) -> Request:
-    """Parse a request head (request line and header fields, up to and including the blank line)."""
-    lines = head.replace(b"\r\n", b"\n").split(b"\n")
-    while lines and lines[-1] == b"":
-        lines.pop()
-    if not lines:
-        raise BadRequest("empty request")
-    parts = lines[0].split(b" ")
-    if len(parts) != 3:
-        raise BadRequest("malformed request line")
-    method, target, version = parts
-    if not _TOKEN.match(method) or not _VERSION.match(version):
-        raise BadRequest("malformed request line")
-    if not target or any(b <= 0x20 or b >= 0x7F for b in target):
-        raise BadRequest("malformed request target")
-    headers: dict[str, str] = {}
-    for line in lines[1:]:
-        name, sep, value = line.partition(b":")
-        # No whitespace before the colon, no obsolete line folding (RFC 9112 §5.1, §5.2).
-        if not sep or not _TOKEN.match(name):
-            raise BadRequest("malformed header field")
-        try:
-            text = value.strip(b" \t").decode("latin-1")
-        except UnicodeDecodeError:  # pragma: no cover - latin-1 decodes every byte
-            raise BadRequest("malformed header field") from None
-        key = name.decode("ascii").lower()
-        headers[key] = f"{headers[key]}, {text}" if key in headers else text
-    target_text = target.decode("ascii")
-    path, _, query = target_text.partition("?")
-    if not path.startswith("/"):
-        # origin-form only; absolute-form ("http://host/x") is for proxies, "*" for OPTIONS.
-        raise BadRequest("expected a request target starting with /")
-    return Request(method.decode("ascii"), target_text, path, query, version.decode("ascii"), headers)
-
-
-def response(status: int, body: bytes = b"", content_type: str = JSON_TYPE, *,
-             head_only: bool = False, extra: dict[str, str] | None = None) -> bytes:
-    """A complete HTTP/1.1 response; the connection is closed after it."""
-    lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}",
-             f"Content-Type: {content_type}",
-             f"Content-Length: {len(body)}",
-             "Cache-Control: no-store",
-             "Connection: close"]
-    lines += [f"{k}: {v}" for k, v in (extra or {}).items()]
-    out = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-    return out if head_only else out + body
-
+# --------------------------------------------------------------------------------- JSON values
 
 def jsonable(value: Any) -> Any:
     """View rows (asyncpg records/dicts) as plain JSON values: datetimes → ISO 8601 strings,
@@ -148,8 +77,17 @@ def json_body(value: Any) -> bytes:
     return (json.dumps(jsonable(value), indent=2, ensure_ascii=False) + "\n").encode("utf-8")
 
 
-def _error(status: int, message: str, *, head_only: bool = False, extra: dict[str, str] | None = None) -> bytes:
-    return response(status, json_body({"error": message}), head_only=head_only, extra=extra)
+def json_response(value: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(body=json_body(value), status=status, content_type=JSON_TYPE,
+                        headers={"Cache-Control": "no-store", **(headers or {})})
+
+
+def json_error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return json_response({"error": message}, status, headers)
+
+
+def one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 # --------------------------------------------------------------------------------- Prometheus
@@ -213,24 +151,17 @@ _GROUP_METRICS = (
      "Age of the group's oldest pending delivery in seconds (0 when nothing is pending)"),
 )
 
-# Not on the hot path: plain SELECTs over the public views (DESIGN §3).
-QUEUE_STATS_SQL = ("SELECT queue, kind, partitions, head, depth, bytes, segments, oldest_at, topics, groups "
-                   "FROM fluxpg.queue_stats")
-GROUP_STATUS_SQL = ("SELECT queue, grp, mode, partition, cursor, committed, lag, pending, oldest_pending_age, "
-                    "filter, auto_commit, consumers, last_active_at FROM fluxpg.group_status")
-
 
 async def collect_metrics(ctx: Any) -> str:
     manager = ctx.manager
+    admin = Admin(manager)
     m = Metrics()
     m.add("fluxpg_node_info", "gauge", "This broker process: node id in fluxpg.nodes, host and pid", 1,
           node=manager.node_id, host=socket.gethostname(), pid=os.getpid())
     try:
-        async with manager.pool.acquire(timeout=DB_TIMEOUT) as conn:
-            queues = await conn.fetch(QUEUE_STATS_SQL, timeout=DB_TIMEOUT)
-            groups = await conn.fetch(GROUP_STATUS_SQL, timeout=DB_TIMEOUT)
+        queues, groups = await asyncio.wait_for(admin.stats_for_metrics(), DB_TIMEOUT)
         database_up = 1
-    except Exception as exc:  # noqa: BLE001 - the node's own metrics are still worth scraping
+    except (FluxError, OSError, asyncio.TimeoutError) as exc:  # the node's own metrics are still worth scraping
         log.warning("metrics: database query failed: %s", exc)
         queues, groups, database_up = [], [], 0
     m.add("fluxpg_database_up", "gauge", "1 when the database answered the metrics queries, else 0", database_up)
@@ -259,119 +190,161 @@ async def collect_metrics(ctx: Any) -> str:
     return m.render()
 
 
-# --------------------------------------------------------------------------------- routes
+# --------------------------------------------------------------------------------- API routes
 
-async def _healthz(ctx: Any, head_only: bool) -> bytes:
+async def healthz(request: web.Request) -> web.Response:
+    ctx = request.app[CTX]
     node = ctx.manager.node_id
     try:
-        async with ctx.manager.pool.acquire(timeout=DB_TIMEOUT) as conn:
-            await conn.fetchval("SELECT 1", timeout=DB_TIMEOUT)
-    except Exception as exc:  # noqa: BLE001 - any failure means "not healthy"
-        reason = " ".join(str(exc).split()) or type(exc).__name__
-        return response(503, json_body({"status": "unavailable", "node": node, "error": reason}),
-                        head_only=head_only)
-    return response(200, json_body({"status": "ok", "node": node}), head_only=head_only)
+        await asyncio.wait_for(request.app[ADMIN].ping(), DB_TIMEOUT)
+    except (FluxError, OSError, asyncio.TimeoutError) as exc:  # any failure means "not healthy"
+        return json_response({"status": "unavailable", "node": node, "error": one_line(exc)}, 503)
+    return json_response({"status": "ok", "node": node})
 
 
-async def _queues(ctx: Any, head_only: bool) -> bytes:
-    rows = await ctx.manager.pool.fetch(QUEUE_STATS_SQL, timeout=DB_TIMEOUT)
-    return response(200, json_body([dict(r) for r in rows]), head_only=head_only)
+async def metrics(request: web.Request) -> web.Response:
+    text = await collect_metrics(request.app[CTX])
+    return web.Response(body=text.encode("utf-8"), headers={"Content-Type": PROMETHEUS_TYPE,
+                                                            "Cache-Control": "no-store"})
 
 
-async def _groups(ctx: Any, queue: str, head_only: bool) -> bytes:
-    async with ctx.manager.pool.acquire(timeout=DB_TIMEOUT) as conn:
-        exists = await conn.fetchval("SELECT true FROM fluxpg.queues WHERE name = $1", queue, timeout=DB_TIMEOUT)
-        if not exists:
-            return _error(404, f"unknown queue {queue!r}", head_only=head_only)
-        rows = await conn.fetch(GROUP_STATUS_SQL + " WHERE queue = $1", queue, timeout=DB_TIMEOUT)
-    return response(200, json_body([dict(r) for r in rows]), head_only=head_only)
+async def api_queues(request: web.Request) -> web.Response:
+    rows = await asyncio.wait_for(request.app[ADMIN].queue_stats(), DB_TIMEOUT)
+    return json_response(rows)
 
 
-async def route(request: Request, ctx: Any) -> bytes:
-    """The complete response to one parsed request."""
-    head_only = request.method == "HEAD"
-    path = request.path
-    groups = _GROUPS_PATH.match(path)
-    if path not in ("/healthz", "/metrics", "/api/queues", "/api/queues/") and groups is None:
-        return _error(404, f"no such resource: {unquote(path)}", head_only=head_only)
-    if request.method not in ALLOWED_METHODS:
-        return _error(405, f"method {request.method} not allowed; use GET",
-                      extra={"Allow": ", ".join(ALLOWED_METHODS)})
-    if path == "/healthz":
-        return await _healthz(ctx, head_only)
+async def api_groups(request: web.Request) -> web.Response:
+    # Queue names may hold '/' ($dlq/orders): accept it raw or as %2F.
+    queue = unquote(request.match_info["queue"])
+    admin = request.app[ADMIN]
     try:
-        if path == "/metrics":
-            return response(200, (await collect_metrics(ctx)).encode("utf-8"), PROMETHEUS_TYPE, head_only=head_only)
-        if groups is not None:
-            # Queue names may hold '/' ($dlq/orders): accept it raw or as %2F.
-            return await _groups(ctx, unquote(groups.group(1)), head_only)
-        return await _queues(ctx, head_only)
-    except (OSError, asyncio.TimeoutError) as exc:
-        return _error(503, f"database unavailable: {' '.join(str(exc).split()) or type(exc).__name__}",
-                      head_only=head_only)
-    except Exception as exc:  # noqa: BLE001 - asyncpg errors etc.: tell the client one line
-        import asyncpg  # noqa: PLC0415
+        rows = await asyncio.wait_for(admin.group_status(queue), DB_TIMEOUT)
+    except UnknownQueue:
+        return json_error(404, f"unknown queue {queue!r}")
+    return json_response(rows)
 
-        if isinstance(exc, (asyncpg.PostgresError, asyncpg.InterfaceError)):
-            return _error(503, f"database error: {' '.join(str(exc).split())}", head_only=head_only)
+
+def _is_api(path: str) -> bool:
+    return path in ("/healthz", "/metrics") or path.startswith("/api/")
+
+
+@web.middleware
+async def errors_middleware(request: web.Request, handler):
+    """API paths answer errors as one-line JSON; nothing ever shows a traceback."""
+    if request.version not in ((1, 0), (1, 1)):
+        # aiohttp's parser lets "HTTP/2.0" in text and version-less (0.9) request lines through.
+        return json_error(505, "HTTP/1.0 or HTTP/1.1 only", {"Connection": "close"})
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if not _is_api(request.path) or exc.status < 400:
+            raise
+        if isinstance(exc, web.HTTPMethodNotAllowed):
+            return json_error(405, f"method {request.method} not allowed; use GET",
+                              {"Allow": ", ".join(API_METHODS)})
+        if isinstance(exc, web.HTTPNotFound):
+            return json_error(404, f"no such resource: {request.path}")
+        return json_error(exc.status, exc.text or exc.reason, {k: v for k, v in exc.headers.items()
+                                                               if k.lower() in ("www-authenticate", "allow")})
+    except (Unavailable, OSError, asyncio.TimeoutError) as exc:
+        return json_error(503, f"database unavailable: {one_line(exc)}")
+    except FluxError as exc:
+        return json_error(400, one_line(exc))
+    except asyncio.CancelledError:
         raise
+    except Exception:  # noqa: BLE001 - the client gets a one-line error, the log the traceback
+        log.exception("HTTP %s %s failed", request.method, request.path_qs)
+        if _is_api(request.path):
+            return json_error(500, "internal error; see the broker's log")
+        return web.Response(status=500, text="internal error; see the broker's log\n")
 
 
-# --------------------------------------------------------------------------------- I/O
+def make_app(ctx: Any) -> web.Application:
+    """The aiohttp application of one broker process (one per BrokerContext)."""
+    from fluxpg.protocols.http_auth import auth_middleware  # noqa: PLC0415 - it imports this module
 
-async def _read_head(reader: asyncio.StreamReader, initial: bytes) -> tuple[bytes, int] | None:
-    """(the request head, how many body bytes were read along with it), or None at end of file."""
-    data = bytearray(initial)
-    while (end := head_end(data)) < 0:
-        if len(data) > MAX_HEAD_BYTES:
-            raise BadRequest("request head too large")
-        chunk = await reader.read(4096)
-        if not chunk:
-            return None  # the client went away before finishing its request
-        data += chunk
-    if end > MAX_HEAD_BYTES:
-        raise BadRequest("request head too large")
-    return bytes(data[:end]), len(data) - end
-
-
-async def _discard_body(reader: asyncio.StreamReader, request: Request, already: int) -> None:
-    """Read (and drop) a small request body: closing with unread data makes the kernel send a
-    reset, which can destroy our response before the client reads it."""
+    app = web.Application(middlewares=[errors_middleware, auth_middleware], client_max_size=MAX_REQUEST_BODY)
+    app[CTX] = ctx
+    app[ADMIN] = Admin(ctx.manager)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/api/queues", api_queues)
+    app.router.add_get("/api/queues/", api_queues)
+    app.router.add_get(r"/api/queues/{queue:.+}/groups", api_groups)
+    app.router.add_get(r"/api/queues/{queue:.+}/groups/", api_groups)
     try:
-        remaining = request.content_length() - already
-    except BadRequest:
-        return
-    remaining = min(remaining, MAX_DISCARD_BYTES)
-    try:
-        while remaining > 0:
-            chunk = await asyncio.wait_for(reader.read(min(remaining, 65536)), 2.0)
-            if not chunk:
-                return
-            remaining -= len(chunk)
-    except (asyncio.TimeoutError, ConnectionError):
-        return
+        from fluxpg.console import setup as setup_console  # noqa: PLC0415
+    except ModuleNotFoundError as exc:  # pragma: no cover - installed without the console
+        log.info("console not available: %s", exc)
+    else:
+        setup_console(app, ctx)
+    return app
+
+
+async def _runner(ctx: Any) -> web.AppRunner:
+    """The process's aiohttp runner, made on the first HTTP connection and cleaned up with the
+    server (ctx.state "closers")."""
+    runner = ctx.state.get(APP_KEY)
+    if runner is None:
+        runner = web.AppRunner(make_app(ctx), handle_signals=False, access_log=None,
+                               keepalive_timeout=KEEPALIVE_TIMEOUT)
+        ctx.state[APP_KEY] = runner
+        await runner.setup()
+        ctx.state.setdefault("closers", []).append(runner.cleanup)
+    elif runner.server is None:   # setup still running in another connection
+        while runner.server is None:
+            await asyncio.sleep(0.01)
+    return runner
+
+
+class _Handoff(asyncio.Protocol):
+    """Sits between the transport and aiohttp's request handler so the listener's connection task
+    knows when the connection ends (aiohttp's handler allows no attributes of ours)."""
+
+    def __init__(self, inner: asyncio.Protocol, done: asyncio.Future):
+        self.inner = inner
+        self.done = done
+
+    def connection_made(self, transport):
+        self.inner.connection_made(transport)
+
+    def data_received(self, data):
+        self.inner.data_received(data)
+
+    def eof_received(self):
+        return self.inner.eof_received()
+
+    def pause_writing(self):
+        self.inner.pause_writing()
+
+    def resume_writing(self):
+        self.inner.resume_writing()
+
+    def connection_lost(self, exc):
+        try:
+            self.inner.connection_lost(exc)
+        finally:
+            if not self.done.done():
+                self.done.set_result(None)
 
 
 async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, initial: bytes, ctx: Any) -> None:
-    """Serve one request on a connection the listener identified as HTTP, then return (close)."""
+    """Serve a connection the listener identified as HTTP until it closes."""
+    runner = await _runner(ctx)
+    transport = writer.transport
+    # Bytes the listener's StreamReader received past the sniffed header belong to aiohttp now.
+    # (StreamReader has no public way to take its buffer without waiting for more.)
+    buffered = bytes(reader._buffer)  # noqa: SLF001
+    reader._buffer.clear()  # noqa: SLF001
+    done = asyncio.get_running_loop().create_future()
+    handoff = _Handoff(runner.server(), done)
+    transport.set_protocol(handoff)
+    handoff.connection_made(transport)
+    handoff.data_received(initial + buffered)
+    if reader.at_eof():
+        handoff.eof_received()
     try:
-        got = await asyncio.wait_for(_read_head(reader, initial), READ_TIMEOUT)
-        if got is None:
-            return
-        head, body_read = got
-        request = parse_request(head)
-        if request.method not in ALLOWED_METHODS:
-            await _discard_body(reader, request, body_read)
-    except asyncio.TimeoutError:
-        return  # a client that never finishes its request gets the connection closed
-    except BadRequest as exc:
-        writer.write(_error(400, str(exc)))
-        await writer.drain()
-        return
-    try:
-        data = await route(request, ctx)
-    except Exception:  # noqa: BLE001 - the client gets a one-line error, the log the traceback
-        log.exception("HTTP %s %s failed", request.method, request.target)
-        data = _error(500, "internal error; see the broker's log", head_only=request.method == "HEAD")
-    writer.write(data)
-    await writer.drain()
+        transport.resume_reading()   # the StreamReader may have paused it
+    except (AttributeError, RuntimeError):
+        pass
+    await done

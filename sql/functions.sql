@@ -629,6 +629,103 @@ BEGIN
   RETURN k;
 END $$;
 
+-- Has any message of this queue been redriven (table of migration 0006)? plpgsql, so a database
+-- without the table (functions.sql runs before 0006; a downgrade drops it) still claims.
+CREATE OR REPLACE FUNCTION fluxpg._has_redriven(qid int) RETURNS boolean
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+  IF to_regclass('fluxpg.redriven') IS NULL THEN RETURN false; END IF;
+  RETURN EXISTS (SELECT 1 FROM fluxpg.redriven r WHERE r.queue_id = qid);
+END $$;
+
+CREATE OR REPLACE FUNCTION fluxpg._is_redriven(qid int, part int, s bigint) RETURNS boolean
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+  RETURN EXISTS (SELECT 1 FROM fluxpg.redriven r WHERE r.queue_id = qid AND r.partition = part AND r.seq = s);
+END $$;
+
+-- Offsets of a queue partition that are still "in" it: from the retained start, or for a queue
+-- with groups from the lowest committed offset (below it every group acknowledged), minus the
+-- redriven ones. The floor of that range:
+-- (plpgsql: the view it reads is created after this file.)
+CREATE OR REPLACE FUNCTION fluxpg._live_floor(q fluxpg.queues, part int) RETURNS bigint
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+  RETURN (SELECT greatest(h.first_seq,
+                          coalesce((SELECT min(gp.committed) FROM fluxpg._group_progress gp
+                                     WHERE gp.queue_id = q.id AND gp.partition = part), h.first_seq))
+            FROM fluxpg.heads h WHERE h.queue_id = q.id AND h.partition = part);
+END $$;
+
+-- Move dead letters back to the queue they came from, as new messages (redrive). Which ones:
+-- `offsets`, or every offset in [from_offset, to_offset) (NULL ends: all). Only messages still in
+-- the DLQ count: retained, not acknowledged by every group of the DLQ, not pending (a DLQ
+-- consumer is handling it), not redriven before. Each goes to `_dlq_original_queue` (else the
+-- queue the DLQ is named after) with its original topic, payload and headers, plus
+-- `_redriven_from` (<dlq>:<offset>), `_redriven_at` and `_redrive_count`. The new copies and the
+-- fluxpg.redriven rows that take the originals out of the DLQ commit together: every snapshot
+-- sees a message in exactly one of the two queues.
+-- Redrives of one DLQ, and claims from it, are serialised by the DLQ groups' cursor rows and an
+-- advisory lock. Returns how many messages moved (with dry_run: would move).
+CREATE OR REPLACE FUNCTION fluxpg.redrive(dlq text, offsets bigint[] DEFAULT NULL, from_offset bigint DEFAULT NULL,
+                                          to_offset bigint DEFAULT NULL, dry_run boolean DEFAULT false)
+RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+  q fluxpg.queues := fluxpg._queue(dlq, 'classic', 'redrive');
+  lo bigint;
+  hi bigint;
+  s_arr bigint[];
+  t_arr int[];
+  topic_arr text[];
+  p_arr bytea[];
+  h_arr jsonb[];
+  missing text;
+  moved_at text := to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"');
+  n bigint;
+BEGIN
+  IF offsets IS NOT NULL AND (from_offset IS NOT NULL OR to_offset IS NOT NULL) THEN
+    RAISE EXCEPTION USING ERRCODE = 'FP004', MESSAGE = 'redrive: give offsets or a range (from_offset, to_offset), not both';
+  END IF;
+  IF offsets IS NOT NULL AND cardinality(offsets) = 0 THEN RETURN 0; END IF;
+  -- Claims of the DLQ's groups lock their cursor row first (fluxpg._window): holding them, no
+  -- claim of a message we move can be under way.
+  PERFORM pg_advisory_xact_lock(1718384741, q.id);   -- 'flre': one redrive of a DLQ at a time
+  PERFORM 1 FROM fluxpg.cursors c JOIN fluxpg.groups g ON g.id = c.group_id WHERE g.queue_id = q.id
+     ORDER BY c.group_id, c.partition FOR UPDATE OF c;
+  lo := greatest(coalesce(fluxpg._lo(offsets), from_offset, 0), fluxpg._live_floor(q, 0));
+  hi := coalesce(fluxpg._hi(offsets) + 1, to_offset, 9223372036854775807);
+  SELECT array_agg(m.seq ORDER BY m.seq), array_agg(m.target ORDER BY m.seq), array_agg(m.topic ORDER BY m.seq),
+         array_agg(m.payload ORDER BY m.seq), array_agg(m.h ORDER BY m.seq),
+         min(m.target_name) FILTER (WHERE m.target IS NULL)
+    INTO s_arr, t_arr, topic_arr, p_arr, h_arr, missing
+    FROM (SELECT l.seq, t.id AS target, tn.name AS target_name,
+                 coalesce(l.headers ->> '_dlq_original_topic', '$queue/' || tn.name) AS topic, l.payload,
+                 coalesce(l.headers, '{}') || jsonb_build_object(
+                   '_redriven_from', q.name || ':' || l.seq, '_redriven_at', moved_at,
+                   '_redrive_count', coalesce((l.headers ->> '_redrive_count')::int, 0) + 1) AS h
+            FROM fluxpg.log l
+            CROSS JOIN LATERAL (SELECT coalesce(l.headers ->> '_dlq_original_queue',
+                                                CASE WHEN q.name LIKE '$dlq/%' THEN substr(q.name, 6) END) AS name) tn
+            LEFT JOIN fluxpg.queues t ON t.name = tn.name
+           WHERE l.queue_id = q.id AND l.partition = 0 AND l.seq >= lo AND l.seq < hi
+             AND (offsets IS NULL OR l.seq = ANY (offsets))
+             AND NOT EXISTS (SELECT 1 FROM fluxpg.redriven r WHERE r.queue_id = q.id AND r.partition = 0 AND r.seq = l.seq)
+             AND NOT EXISTS (SELECT 1 FROM fluxpg.pending p JOIN fluxpg.groups g ON g.id = p.group_id
+                              WHERE g.queue_id = q.id AND p.partition = 0 AND p.seq = l.seq)) m;
+  n := coalesce(cardinality(s_arr), 0);
+  IF n > 0 AND array_position(t_arr, NULL) IS NOT NULL THEN
+    RAISE EXCEPTION USING ERRCODE = 'FP001',
+      MESSAGE = format('redrive: the original queue %L of a message in %L does not exist', coalesce(missing, '?'), q.name),
+      HINT = 'declare the queue again, or give the offsets of the other messages';
+  END IF;
+  IF n = 0 OR dry_run THEN RETURN n; END IF;
+  INSERT INTO fluxpg.redriven (queue_id, partition, seq, to_queue_id, to_partition, to_seq)
+  SELECT q.id, 0, s_arr[a.ord], a.queue_id, a.partition, a.seq
+    FROM fluxpg.append_batch(t_arr, topic_arr, p_arr, h_arr) a;
+  RETURN n;
+END $$;
+COMMENT ON FUNCTION fluxpg.redrive(text, bigint[], bigint, bigint, boolean) IS 'Move dead letters (given offsets, an offset range, or all) back to their original queue as new messages, atomically; returns how many moved';
+
 -- ---------------------------------------------------------------------------------------------
 -- Delivery: classic claim and stream read share the cursor scan
 -- ---------------------------------------------------------------------------------------------
@@ -753,6 +850,7 @@ DECLARE
   got int := 0;
   w record;
   vt interval;
+  skip_redriven boolean;
 BEGIN
   IF n IS NULL OR n < 1 THEN
     RAISE EXCEPTION USING ERRCODE = 'FP004', MESSAGE = format('claim: n must be at least 1, got %s', n);
@@ -769,6 +867,8 @@ BEGIN
   w := fluxpg._window(q, g, 0, n - got, NULL);
   IF w.take = 0 THEN RETURN; END IF;
   vt := fluxpg._interval(q.settings #>> '{delivery,visibility_timeout}');
+  -- A dead-letter queue some of whose messages were redriven: those left it (fluxpg.redrive).
+  skip_redriven := fluxpg._has_redriven(q.id);
   -- The scan is written out here (and in read) rather than in a shared set-returning function:
   -- nesting one copies every row once more (measured: a quarter of a 500-message claim).
   RETURN QUERY
@@ -778,6 +878,7 @@ BEGIN
      WHERE l.queue_id = q.id AND l.partition = 0 AND l.seq >= w.cur AND l.seq < w.window_end
        AND (l.expires_at IS NULL OR l.expires_at > now())
        AND (g.filter_regex IS NULL OR fluxpg.routing_key(l.topic) ~ g.filter_regex)
+       AND (NOT skip_redriven OR NOT fluxpg._is_redriven(q.id, 0, l.seq))
      ORDER BY l.seq
      LIMIT w.take
   ), ins AS (
@@ -1124,9 +1225,8 @@ BEGIN
   IF p ~ '^timestamp=[0-9]{1,18}(\.[0-9]+)?$' THEN
     n := substr(p, 11)::numeric;
     ts := CASE WHEN n > 1e12 THEN to_timestamp(n / 1000.0) ELSE to_timestamp(n) END;
-    SELECT min(l.seq) INTO s FROM fluxpg.log l
-     WHERE l.queue_id = q.id AND l.partition = part AND l.created_at >= ts;
-    RETURN coalesce(s, h.next_seq);
+    -- A binary search over the offsets, not a scan of the log for created_at (no index on it).
+    RETURN fluxpg.offset_at(q.name, part, ts);
   END IF;
   RAISE EXCEPTION USING ERRCODE = 'FP004',
     MESSAGE = format('invalid position %L: expected first, last, next, an offset, offset=N or timestamp=N', pos);
@@ -1156,6 +1256,83 @@ BEGIN
   RETURN result;
 END $$;
 COMMENT ON FUNCTION fluxpg.seek(text, text, text, int) IS 'Stream: move a group (cursor and checkpoint) to first, last/next, an offset, offset=N or timestamp=N; resume goes back to the checkpoint. Returns the new offset (of the first partition)';
+
+-- The first offset of a queue partition published at or after `ts` (the head when none is): a
+-- binary search over the offsets, one index probe per step, so finding a time in a queue of ten
+-- million messages takes ~24 probes. created_at follows the offsets (appends to a partition
+-- commit in offset order) up to the clock skew between concurrent appenders.
+CREATE OR REPLACE FUNCTION fluxpg.offset_at(queue text, part int, ts timestamptz) RETURNS bigint
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+  q fluxpg.queues := fluxpg._queue(queue);
+  h fluxpg.heads;
+  lo bigint;
+  hi bigint;
+  mid bigint;
+  s bigint;
+  t timestamptz;
+BEGIN
+  SELECT * INTO h FROM fluxpg.heads WHERE queue_id = q.id AND partition = part;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION USING ERRCODE = 'FP004', MESSAGE = format('queue %L has no partition %s', queue, part);
+  END IF;
+  lo := h.first_seq;
+  hi := h.next_seq;           -- invariant: every retained offset < lo is older than ts; hi is an answer
+  WHILE lo < hi LOOP
+    mid := lo + (hi - lo) / 2;
+    SELECT l.seq, l.created_at INTO s, t FROM fluxpg.log l
+     WHERE l.queue_id = q.id AND l.partition = part AND l.seq >= mid AND l.seq < hi
+     ORDER BY l.seq LIMIT 1;
+    IF NOT FOUND THEN
+      hi := mid;              -- a gap (dropped segment) up to hi
+    ELSIF t >= ts THEN
+      hi := s;
+    ELSE
+      lo := s + 1;
+    END IF;
+  END LOOP;
+  RETURN hi;
+END $$;
+COMMENT ON FUNCTION fluxpg.offset_at(text, int, timestamptz) IS 'First offset of a queue partition published at or after a time (binary search; the head when none is)';
+
+-- Delete a consumer group: its cursors, members and pending entries. Returns false when there was
+-- no such group.
+CREATE OR REPLACE FUNCTION fluxpg.delete_group(queue text, grp text) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+  q fluxpg.queues := fluxpg._queue(queue);
+  gid int;
+BEGIN
+  SELECT id INTO gid FROM fluxpg.groups g WHERE g.queue_id = q.id AND g.name = grp FOR UPDATE;
+  IF NOT FOUND THEN RETURN false; END IF;
+  DELETE FROM fluxpg.pending WHERE group_id = gid;     -- no foreign key: the hot path skips it
+  DELETE FROM fluxpg.groups WHERE id = gid;            -- cursors and members cascade
+  RETURN true;
+END $$;
+COMMENT ON FUNCTION fluxpg.delete_group(text, text) IS 'Delete a consumer group with its cursors, members and pending entries';
+
+-- Move a group of either kind to a position (see fluxpg._position: first, last, N, offset=N,
+-- timestamp=N). Streams: fluxpg.seek. Classic groups: the cursor moves, and pending entries at or
+-- past the new cursor are dropped (they will be delivered again from the log; kept, they would
+-- collide with the new deliveries). Returns the new offset.
+CREATE OR REPLACE FUNCTION fluxpg.reset_group(queue text, grp text, "position" text) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+  q fluxpg.queues := fluxpg._queue(queue);
+  g fluxpg.groups;
+  target bigint;
+BEGIN
+  IF q.kind = 'stream' THEN
+    RETURN fluxpg.seek(queue, grp, reset_group."position");
+  END IF;
+  g := fluxpg._group(q, grp);
+  PERFORM 1 FROM fluxpg.cursors WHERE group_id = g.id AND partition = 0 FOR UPDATE;
+  target := fluxpg._position(q, 0, reset_group."position");
+  DELETE FROM fluxpg.pending WHERE group_id = g.id AND partition = 0 AND seq >= target;
+  UPDATE fluxpg.cursors SET cursor = target WHERE group_id = g.id AND partition = 0;
+  RETURN target;
+END $$;
+COMMENT ON FUNCTION fluxpg.reset_group(text, text, text) IS 'Move a classic or stream group to first, last, an offset or a time; returns the new offset';
 
 -- ---------------------------------------------------------------------------------------------
 -- Nodes and members

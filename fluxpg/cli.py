@@ -801,15 +801,23 @@ def migrate(
     with database(dsn, config_file, data_dir, create=True) as target:
         check_connection(target)
         before = db.current_revision(target)
+        recreated: list[str] = []
         if downgrade is not None:
             db.downgrade(target, downgrade)
         else:
-            db.migrate(target, revision)
+            recreated = db.migrate(target, revision)
         after = db.current_revision(target)
     stdout.print(f"database:  {redact_dsn(target)}", markup=False, highlight=False)
     stdout.print(f"before:    {before or 'none (no fluxpg schema)'}", markup=False, highlight=False)
     stdout.print(f"after:     {after or 'none (no fluxpg schema)'}"
                  + ("  (unchanged)" if before == after else ""), markup=False, highlight=False)
+    if after is not None and after == db.head_revision():
+        why = {"revision": "new revision", "installed": "installed definitions differed"}
+        state = ("re-created (" + ", ".join(why.get(r, f"{r} changed") for r in recreated) + ")"
+                 if recreated else "current")
+    else:
+        state = "not installed below the head revision"
+    stdout.print(f"functions and views: {state}", markup=False, highlight=False)
 
 
 # --------------------------------------------------------------------------------------------

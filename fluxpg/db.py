@@ -91,27 +91,53 @@ def _with_lock(dsn: str, fn: Callable[[Any], None]) -> None:
         engine.dispose()
 
 
-def migrate(dsn: str, revision: str = "head") -> None:
-    """Upgrade the schema to `revision`; a no-op when it is there already."""
+def migrate(dsn: str, revision: str = "head") -> list[str]:
+    """Upgrade the schema to `revision`; a no-op when it is there already and the functions and
+    views are current (fluxpg.routines). Returns what made functions and views be re-created
+    (changed source files, "installed", "revision"), empty when they were not."""
     from alembic import command
+
+    from fluxpg import routines
+
+    changed: list[str] = []
 
     def run(conn):
         cfg = _alembic(dsn)
         cfg.attributes["connection"] = conn
+        before = _revision_on(conn)
+        target = _resolve(revision)
+        if before != target:
+            # Views may depend on columns a step changes; they come back below, at head.
+            routines.drop(conn)
         command.upgrade(cfg, revision)
+        after = _revision_on(conn)
+        if after == head_revision() and before == after:
+            changed.extend(routines.ensure(conn))
+        elif after == head_revision():
+            routines.apply(conn)
+            changed.append("revision")
+        elif before != after:
+            routines.drop(conn)  # a step may have created some; below head none are installed
         conn.commit()
 
     _with_lock(dsn, run)
+    return changed
 
 
 def downgrade(dsn: str, revision: str = "base") -> None:
-    """Downgrade; at base nothing of fluxpg is left (its schema and version table are dropped)."""
+    """Downgrade; at base nothing of fluxpg is left (its schema and version table are dropped).
+    Below head no functions or views are installed (fluxpg.routines says why)."""
     from alembic import command
     from sqlalchemy import text
+
+    from fluxpg import routines
 
     def run(conn):
         cfg = _alembic(dsn)
         cfg.attributes["connection"] = conn
+        before = _revision_on(conn)
+        if before is not None and before != _resolve(revision):
+            routines.drop(conn)
         command.downgrade(cfg, revision)
         conn.commit()
         if revision == "base":
@@ -124,6 +150,29 @@ def downgrade(dsn: str, revision: str = "base") -> None:
             conn.commit()
 
     _with_lock(dsn, run)
+
+
+def _revision_on(conn: Any) -> str | None:
+    from alembic.runtime.migration import MigrationContext
+
+    return MigrationContext.configure(conn, opts={"version_table_schema": "fluxpg"}).get_current_revision()
+
+
+def _resolve(revision: str) -> str | None:
+    """A revision argument as a revision id (None for base); unknown forms (relative steps) give
+    "?" so that callers treat them as a change."""
+    from alembic.script import ScriptDirectory
+
+    if revision == "base":
+        return None
+    try:
+        script = ScriptDirectory.from_config(_alembic("postgresql://localhost/x"))
+        if revision in ("head", "heads"):
+            return script.get_current_head()
+        rev = script.get_revision(revision)
+        return rev.revision if rev is not None else None
+    except Exception:  # noqa: BLE001 - "+1", "-1", partial ids: let Alembic judge them
+        return "?"
 
 
 def current_revision(dsn: str) -> str | None:
@@ -153,9 +202,9 @@ _NAME = re.compile(r"^--\s*name:\s*([A-Za-z_][A-Za-z0-9_]*)\s*$", re.M)
 
 
 @lru_cache(maxsize=None)
-def queries() -> dict[str, str]:
-    """Named queries of sql/queries.sql: sections starting with `-- name: <name>`."""
-    text = read_sql("queries.sql")
+def queries(file: str = "queries.sql") -> dict[str, str]:
+    """Named queries of sql/queries.sql (or another sql/ file): sections starting with `-- name: <name>`."""
+    text = read_sql(file)
     parts = _NAME.split(text)
     named = {}
     for name, body in zip(parts[1::2], parts[2::2]):

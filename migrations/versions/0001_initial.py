@@ -1,5 +1,6 @@
 """Initial fluxpg schema: queues, heads, partitioned log, groups, cursors, pending, members,
-nodes; the SQL API functions and the inspection views.
+nodes, the delivery type. The SQL API functions and the inspection views are not part of any
+revision: fluxpg.routines creates them at head from sql/functions.sql and sql/views.sql.
 
 Revision ID: 0001
 Revises:
@@ -16,9 +17,9 @@ depends_on = None
 
 
 def upgrade() -> None:
+    # Frozen table DDL only (schema.sql is never edited): running today's functions.sql here
+    # would tie this revision to today's tables.
     run_sql_file(op.get_bind(), "schema.sql")
-    run_sql_file(op.get_bind(), "functions.sql")
-    run_sql_file(op.get_bind(), "views.sql")
 
 
 def downgrade() -> None:

@@ -125,12 +125,14 @@ def test_migrate_upgrades_prints_revisions_and_is_idempotent(database):
     out, err = text(first)
     assert first.returncode == 0, err
     assert "before:    none" in out and f"after:     {head}" in out
+    assert "functions and views: re-created (new revision)" in out
     assert db.current_revision(database) == head
 
     again = run("migrate", "--dsn", database)
     out, err = text(again)
     assert again.returncode == 0, err
     assert f"before:    {head}" in out and f"after:     {head}  (unchanged)" in out
+    assert "functions and views: current" in out
 
 
 def test_migrate_downgrade_and_revision(database):

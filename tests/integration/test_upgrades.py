@@ -175,6 +175,10 @@ def test_fluxpg_migrate_on_an_old_database_says_what_it_recreated(server_dsn):
             conn.execute(old.read_text())
         first = run("migrate", "--dsn", dsn)
         assert first.returncode == 0, first.stderr
-        assert "functions and views: re-created (functions.sql changed, views.sql changed, comments changed, " \
-               "installed definitions differed)" in first.stdout.decode()
+        out = first.stdout.decode()
+        if f"alembic_version VALUES ('{db.head_revision()}')" in old.read_text():  # no revision step runs
+            assert "functions and views: re-created (functions.sql changed, views.sql changed, comments changed, " \
+                   "installed definitions differed)" in out
+        else:
+            assert "functions and views: re-created (new revision)" in out
         assert "functions and views: current" in run("migrate", "--dsn", dsn).stdout.decode()

@@ -598,6 +598,21 @@ class BoundsConfig(_Strict):
     mqtt_session_outbound_bytes: int = Field(16 * 2 ** 20, ge=0)
 
 
+class ConsoleConfig(_Strict):
+    """The browser console served by the HTTP listener at `/` (fluxpg/console/)."""
+
+    enabled: bool = True
+    # The overview warns about a group whose lag (messages not yet committed) or oldest pending
+    # delivery passes these.
+    lag_warning: int = Field(10_000, ge=0)
+    pending_age_warning: Duration = timedelta(minutes=5)
+    # How long a log-in lasts.
+    session_ttl: PositiveDuration = timedelta(hours=8)
+    # Key that signs session cookies, the same on every node so a log-in works on all of them;
+    # omitted: a random key per process (log in again on each node, and after a restart).
+    secret: str | None = Field(None, repr=False, min_length=16)
+
+
 class Config(_Strict):
     database: DatabaseConfig = Field(default_factory=DatabaseConfig)
     listeners: ListenersConfig = Field(default_factory=ListenersConfig)
@@ -606,6 +621,7 @@ class Config(_Strict):
     auth: AuthConfig | None = None   # None: no authentication (everybody may do everything)
     tls: TlsConfig | None = None     # None: plain TCP
     bounds: BoundsConfig = Field(default_factory=BoundsConfig)
+    console: ConsoleConfig = Field(default_factory=ConsoleConfig)
 
     @field_validator("queues")
     @classmethod

@@ -18,6 +18,8 @@ import ssl as ssl_module
 from dataclasses import dataclass, field
 from typing import Any
 
+from fluxpg.connections import ConnectionInfo, Registry
+
 log = logging.getLogger("fluxpg.listener")
 
 SNIFF_TIMEOUT = 10.0
@@ -50,6 +52,7 @@ class BrokerContext:
     auth: Any = None          # fluxpg.auth authenticator; None → open (set by Server)
     state: dict[str, Any] = field(default_factory=dict)
     connections: set[asyncio.Task] = field(default_factory=set)
+    registry: Registry = field(default_factory=Registry)   # live connections by id, for the console
 
 
 def sniff(data: bytes) -> str | None:
@@ -140,7 +143,13 @@ class Listener:
                 writer.write(AMQP091_HEADER)
                 await writer.drain()
                 return
-            await handler(reader, writer, initial, self.ctx)
+            peer = writer.get_extra_info("peername")
+            info = self.ctx.registry.add(ConnectionInfo(
+                protocol, f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer), self.name, task=task))
+            try:
+                await handler(reader, writer, initial, self.ctx)
+            finally:
+                self.ctx.registry.remove(info)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         except asyncio.CancelledError:

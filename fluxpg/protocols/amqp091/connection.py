@@ -20,6 +20,7 @@ from typing import Any
 
 from pamqp import commands
 
+from fluxpg import connections
 from fluxpg.auth import AuthError, OpenAuthenticator
 from fluxpg.protocols.amqp091 import framing
 from fluxpg.protocols.amqp091.channel import Channel
@@ -130,6 +131,8 @@ class Connection:
             log.info("amqp091 %s: login of %r refused: %s", self.name, user, exc)
             raise connection_error(ACCESS_REFUSED, "Login was refused using authentication mechanism PLAIN. "
                                    "For details see the broker logfile.", m) from None
+        if (info := connections.current()) is not None:   # the console's list of connections
+            info.user = self.principal.username
         self.state = "tune"
         self.write(framing.method_frame(0, Conn.Tune(SERVER_CHANNEL_MAX, SERVER_FRAME_MAX, SERVER_HEARTBEAT)))
 

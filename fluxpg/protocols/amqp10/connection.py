@@ -42,6 +42,7 @@ from typing import Any
 from proton import Condition, Data, Described, Event, Link, Message, symbol
 from proton import Delivery as PnDelivery
 
+from fluxpg import connections
 from fluxpg.auth import AuthError, OpenAuthenticator, Principal
 from fluxpg.protocols.amqp10.engine import EngineEvent, ProtonEngine
 from fluxpg.protocols.amqp10.messages import MessageError, from_delivery, to_log
@@ -220,6 +221,8 @@ class AmqpConnection:
             await self._drain_quietly()
             return False
         self.principal = principal
+        if (info := connections.current()) is not None:   # the console's list of connections
+            info.user = principal.username
         self._write(sasl.outcome(SaslCode.OK))
         rest = sasl.take_rest()
         if rest:

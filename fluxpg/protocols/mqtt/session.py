@@ -47,6 +47,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from fluxpg import connections
 from fluxpg.aio import cancel_and_wait
 from fluxpg.delivery import Delivery, parse_message_id
 from fluxpg.errors import FluxError, InvalidArgument, PayloadTooLarge, QueueFull, UnknownQueue, WrongQueueKind
@@ -605,6 +606,8 @@ class Connection:
         if not client_id:
             client_id = assigned = "fluxpg-" + secrets.token_hex(8)
         self.client_id = client_id
+        if (info := connections.current()) is not None:   # the console's list of connections
+            info.client_id, info.user = client_id, getattr(self.principal, "username", None)
         self.default_group = client_id if v5 else client_id.split("-", 1)[0]
         if c.will is not None:
             w = c.will

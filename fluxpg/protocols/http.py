@@ -9,6 +9,7 @@ only says what each path answers:
     GET /metrics                     Prometheus text format (queues, groups, appender, connections)
     GET /api/queues                  JSON rows of the view fluxpg.queue_stats
     GET /api/queues/<name>/groups    JSON rows of fluxpg.group_status for one queue (404 if unknown)
+    GET /mqtt (WebSocket upgrade)    MQTT over WebSocket, subprotocol "mqtt" (protocols/websocket.py)
     /  (and below)                   the console (fluxpg/console/), when it is installed
 
 Errors of the API paths are one-line JSON objects (`{"error": …}`): 404 unknown path, 405 another
@@ -272,6 +273,9 @@ def make_app(ctx: Any) -> web.Application:
     app.router.add_get("/api/queues/", api_queues)
     app.router.add_get(r"/api/queues/{queue:.+}/groups", api_groups)
     app.router.add_get(r"/api/queues/{queue:.+}/groups/", api_groups)
+    from fluxpg.protocols.websocket import mqtt_over_websocket  # noqa: PLC0415
+
+    app.router.add_get("/mqtt", mqtt_over_websocket)          # MQTT over WebSocket
     try:
         from fluxpg.console import setup as setup_console  # noqa: PLC0415
     except ModuleNotFoundError as exc:  # pragma: no cover - installed without the console

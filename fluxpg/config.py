@@ -606,6 +606,8 @@ class ConsoleConfig(_Strict):
     # delivery passes these.
     lag_warning: int = Field(10_000, ge=0)
     pending_age_warning: Duration = timedelta(minutes=5)
+    # How often the message rates are sampled (the chart keeps 120 samples).
+    rate_interval: PositiveDuration = timedelta(seconds=5)
     # How long a log-in lasts.
     session_ttl: PositiveDuration = timedelta(hours=8)
     # Key that signs session cookies, the same on every node so a log-in works on all of them;

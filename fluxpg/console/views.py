@@ -52,7 +52,7 @@ class Console:
         cfg = ctx.config.console
         self.config = cfg
         self.sessions = Sessions(cfg.secret, cfg.session_ttl.total_seconds())
-        self.rates = Rates(self.admin)
+        self.rates = Rates(self.admin, cfg.rate_interval.total_seconds())
         self.env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(HERE / "templates")),
                                       autoescape=True, undefined=jinja2.StrictUndefined)
         self.env.filters.update(human_bytes=human_bytes, ago=ago, seconds=seconds, rate=rate, qs=qs_quote)
@@ -328,7 +328,8 @@ async def queues(request: web.Request) -> web.Response:
         rates = console.rates.per_queue.get(s["queue"])
         out.append({**s, "consumers": r.get("consumers", 0), "retention": _retention(settings),
                     "rate_in": rates[0] if rates else None, "rate_out": rates[1] if rates else None})
-    return render(request, "queues.html", queues=out, transient=console.admin.transient_queues())
+    return render(request, "queues.html", queues=out, transient=console.admin.transient_queues(),
+                  interval=console.rates.interval)
 
 
 async def queue_page(request: web.Request) -> web.Response:

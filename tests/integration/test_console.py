@@ -55,7 +55,7 @@ def auth_config(qname: str) -> Config:
             "tokens": [{"name": "prometheus", "token": TOKEN,
                         "permissions": [{"action": "monitoring", "pattern": "#"}]}],
         },
-        "console": {"secret": "a shared secret of both test nodes"},
+        "console": {"secret": "a shared secret of both test nodes", "rate_interval": "0.5s"},
     })
 
 
@@ -89,13 +89,18 @@ def basic(user: str, password: str) -> dict[str, str]:
     return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
 
 
+async def submit(page, selector: str) -> None:
+    """Click a submit button and wait for the page the form leads to."""
+    async with page.expect_navigation():
+        await page.click(selector)
+
+
 async def login(page, base: str, user: str, password: str) -> None:
     await page.goto(f"{base}/")
     assert page.url.startswith(f"{base}/login")          # not logged in: sent to the log-in page
     await page.fill("input[name=username]", user)
     await page.fill("input[name=password]", password)
-    await page.click("#login-form button")
-    await page.wait_for_load_state()
+    await submit(page, "#login-form button")
 
 
 async def test_console_end_to_end_on_two_nodes(cluster, browser, qname, tmp_path):
@@ -117,7 +122,7 @@ async def test_console_end_to_end_on_two_nodes(cluster, browser, qname, tmp_path
         await page.goto(f"{base}/login")
         await page.fill("input[name=username]", "admin")
         await page.fill("input[name=password]", "wrong")
-        await page.click("#login-form button")
+        await submit(page, "#login-form button")
         assert "Wrong user name or password" in await page.inner_text("#login-error")
 
         await login(page, base, "admin", "admin-secret")
@@ -126,19 +131,19 @@ async def test_console_end_to_end_on_two_nodes(cluster, browser, qname, tmp_path
         for node in (node_a, node_b):
             assert re.search(rf"^{node.manager.node_id}\b.*\balive\b", nodes_text, re.M), nodes_text
         assert "admin (manage)" in await page.inner_text("header")
-        await page.screenshot(path=str(shots / "overview.png"), full_page=True)
 
         # Queues: the test's queue with its depth.
-        await page.click("nav >> text=Queues")
+        await submit(page, "nav >> text=Queues")
         row = page.locator("#queues tr", has_text=qname).first
         cells = await row.locator("td").all_inner_texts()
         assert cells[0] == qname and cells[1] == "classic" and cells[3] == "3"
         await page.screenshot(path=str(shots / "queues.png"), full_page=True)
 
         # Browse its messages as pretty JSON.
-        await row.locator("a").first.click()
+        async with page.expect_navigation():
+            await row.locator("a").first.click()
         await page.select_option("#browse-form select[name=format]", "json")
-        await page.click("#browse-form button")
+        await submit(page, "#browse-form button")
         offsets = await page.locator("tr.message").evaluate_all("rows => rows.map(r => r.dataset.offset)")
         assert offsets == ["0", "1", "2"]
         payloads = await page.locator("tr.message pre.payload").all_inner_texts()
@@ -163,19 +168,22 @@ async def test_console_end_to_end_on_two_nodes(cluster, browser, qname, tmp_path
         await asyncio.wait_for(done.wait(), 15)
 
         # The dead letter in the console, with its reason and original topic.
-        await page.goto(f"{base}/queue?name=%24dlq%2F{qname}")
         dead = page.locator("tr.message")
+        for _ in range(50):            # the reject is asynchronous: reload until it is there
+            await page.goto(f"{base}/queue?name=%24dlq%2F{qname}")
+            if await dead.count():
+                break
+            await asyncio.sleep(0.2)
         assert await dead.count() == 1
         dead_cells = await dead.first.locator("td").all_inner_texts()
         assert f"$queue/{qname}" in " ".join(dead_cells)
-        assert await dead.first.locator("td.reason").inner_text() == "rejected"
+        assert await dead.first.locator("td.reason").inner_text() == "rejected by AMQP client"
         await page.screenshot(path=str(shots / "dead-letters.png"), full_page=True)
 
         # Redrive it from the console: the count moved is shown, the client consumes it again.
         done.clear()
         await dead.first.locator("input.pick").check()
-        await page.click("#redrive-selected")
-        await page.wait_for_load_state()
+        await submit(page, "#redrive-selected")
         assert await page.inner_text("#flash") == f"moved 1 message from $dlq/{qname} back to {qname}"
         assert await page.locator("tr.message").count() == 0
         for _ in range(100):
@@ -185,17 +193,23 @@ async def test_console_end_to_end_on_two_nodes(cluster, browser, qname, tmp_path
         assert seen[3] == b'{"order": 1}'
         await q.cancel(tag)
 
+        # The overview's rate chart has samples by now (every 0.5 s here).
+        await page.goto(f"{base}/")
+        assert await page.locator("#rates-chart polyline").count() == 2
+        await page.screenshot(path=str(shots / "overview.png"), full_page=True)
+
         # Connections: the AMQP client is on node A, not listed by node B; node A lists and closes it.
         await page.goto(f"{base}/connections")
         assert "amqp091" not in await page.inner_text("#connections")
         page_a = await context.new_page()
+        page_a.on("dialog", lambda dialog: asyncio.ensure_future(dialog.accept()))   # "Close connection …?"
         base_a = f"http://127.0.0.1:{node_a.port('http')}"
         await page_a.goto(f"{base_a}/connections")          # the shared console.secret: logged in here too
         row = page_a.locator("#connections tr", has_text="amqp091").first
         assert "app" in await row.inner_text()
         await page_a.screenshot(path=str(shots / "connections.png"), full_page=True)
-        await row.locator("button").click()
-        await page_a.wait_for_load_state()
+        async with page_a.expect_navigation():
+            await row.locator("button").click()
         assert "closed connection" in await page_a.inner_text("#flash")
         for _ in range(100):
             if amqp.is_closed or not amqp.connected.is_set():
@@ -277,8 +291,7 @@ async def test_console_with_auth_off_on_loopback(dsn, qname, browser):
         assert "Authentication is off" in await page.inner_text("#auth-off")
         await page.fill("#publish-form input[name=topic]", f"$queue/{qname}/hello")
         await page.fill("#publish-form textarea[name=payload]", "from the console")
-        await page.click("#publish-form button")
-        await page.wait_for_load_state()
+        await submit(page, "#publish-form button")
         assert "published 16 bytes" in await page.inner_text("#flash")
         assert await page.locator("tr.message pre.payload").all_inner_texts() == ["from the console"]
         # Hex view of the same message.

@@ -15,12 +15,10 @@ depends_on = None
 
 
 def upgrade() -> None:
+    # fluxpg.redrive and the claim that skips redriven offsets live in functions.sql, which
+    # fluxpg.routines re-creates at head whenever it changed.
     run_sql_file(op.get_bind(), "0006_redrive.sql")
-    # fluxpg.redrive and the claim that skips redriven offsets live in functions.sql; a database
-    # created before this revision gets them here (CREATE OR REPLACE, idempotent).
-    run_sql_file(op.get_bind(), "functions.sql")
 
 
 def downgrade() -> None:
-    op.execute("DROP FUNCTION IF EXISTS fluxpg.redrive(text, bigint[], bigint, bigint, boolean)")
     op.execute("DROP TABLE IF EXISTS fluxpg.redriven")

@@ -132,6 +132,11 @@ class Channel:
         self._settle: list[tuple[str, str, str, int, int]] = []
         self._settler: asyncio.Task | None = None
         self._release_task: asyncio.Task | None = None
+        # transactions (tx.select): publishes and settlements wait in a queues Transaction
+        # until tx.commit applies them in one PostgreSQL transaction
+        self.tx = None
+        self._tx_acked: list[tuple[int, Unacked]] = []    # settled in the tx: restored at rollback
+        self._tx_returns: list[bytes] = []                # basic.return frames, sent at commit
 
     # ------------------------------------------------------------------ frame entry point
 
@@ -210,6 +215,8 @@ class Channel:
                 except Exception:  # noqa: BLE001
                     log.exception("closing consumer %s failed", c.tag)
         await self._flush_settle()
+        if self.tx is not None:
+            self._tx_undo()   # an open transaction is rolled back: its acks never happened
         if self.unacked:
             for entry in self.unacked.values():
                 self._settle.append(("nack", entry.queue, entry.group, entry.partition, entry.seq))
@@ -514,6 +521,11 @@ class Channel:
         method, header = self._publish, self._header
         body = b"".join(self._body)
         self._publish, self._header, self._body, self._received = None, None, [], 0
+        if self.tx is not None:
+            # Transactional: validated and collected now, applied (or not) at tx.commit; a bad
+            # publish closes the channel exactly as outside a transaction.
+            self._start_publish(None, method, header.properties, body)
+            return
         tag = None
         if self.confirm:
             self._confirm_seq += 1
@@ -530,7 +542,9 @@ class Channel:
         if self._confirmer is None or self._confirmer.done():
             self._confirmer = self._spawn(self._confirm_loop())
 
-    def _start_publish(self, entry: _Entry, m: Basic.Publish, props, body: bytes) -> None:
+    def _start_publish(self, entry: _Entry | None, m: Basic.Publish, props, body: bytes) -> None:
+        """Route a completed publish and start its appends (entry: its place in the confirm
+        FIFO), or, in a transaction (entry None), add it to the transaction."""
         exchange = self._exchange_name(m.exchange or "")
         rk = m.routing_key or ""
         principal = self.conn.principal
@@ -548,7 +562,10 @@ class Channel:
                 except InvalidArgument as exc:
                     raise channel_error(PRECONDITION_FAILED, str(exc), m) from None
                 if verb is not None:
-                    entry.tasks.append(self._spawn(self._control(verb[0], verb[1], props, m)))
+                    if entry is None:
+                        self._tx_control(verb[0], verb[1], props, m)
+                    else:
+                        entry.tasks.append(self._spawn(self._control(verb[0], verb[1], props, m)))
                     return
             topics = [topic] if topic and self._routable(topic) else []
             if topic and not topics and not m.mandatory:
@@ -559,8 +576,12 @@ class Channel:
             topics = [f"{QUEUE_PREFIX}{q}/{rk}" if rk else f"{QUEUE_PREFIX}{q}" for q in queues]
         if not topics:
             if m.mandatory:
-                self.conn.write(framing.method_frame(self.id, framing.build(Basic.Return, NO_ROUTE, "NO_ROUTE", m.exchange or "", rk))
-                                + framing.content_frames(self.id, props, body, self.conn.frame_max))
+                returned = (framing.method_frame(self.id, framing.build(Basic.Return, NO_ROUTE, "NO_ROUTE", m.exchange or "", rk))
+                            + framing.content_frames(self.id, props, body, self.conn.frame_max))
+                if entry is None:
+                    self._tx_returns.append(returned)   # RabbitMQ returns transactional publishes at commit
+                else:
+                    self.conn.write(returned)
             return   # routed nowhere: confirmed (RabbitMQ acks unroutable messages)
         for topic in topics:
             if principal is not None and not principal.allowed("publish", topic):
@@ -572,6 +593,13 @@ class Channel:
             except InvalidArgument as exc:
                 raise channel_error(PRECONDITION_FAILED, str(exc), m) from None
         stored = headers_from_properties(props, m.exchange or "", rk)
+        if entry is None:
+            for topic in topics:
+                try:
+                    self.tx.publish(topic, body, stored)
+                except FluxError as exc:
+                    raise _error_from_flux(exc, m) from None
+            return
         for topic in topics:
             # Tasks start in creation order, so appends reach the appender in publish order.
             entry.tasks.append(self._spawn(self.manager.publish(topic, body, stored)))
@@ -674,12 +702,85 @@ class Channel:
         return None
 
     async def _confirm_select(self, m: Confirm.Select) -> None:
+        if self.tx is not None:
+            # The spec: a transactional channel cannot be put into confirm mode (and back).
+            raise channel_error(PRECONDITION_FAILED, "cannot switch from tx to confirm mode", m)
         self.confirm = True
         if not m.nowait:
             self.conn.write(framing.method_frame(self.id, Confirm.SelectOk()))
 
-    async def _tx(self, m) -> None:
-        raise connection_error(NOT_IMPLEMENTED, "transactions (tx.*) are not supported; use publisher confirms", m)
+    # ------------------------------------------------------------------ transactions
+
+    async def _tx_select(self, m) -> None:
+        if self.confirm:
+            raise channel_error(PRECONDITION_FAILED, "cannot switch from confirm to tx mode", m)
+        if self.tx is None:
+            self.tx = self.manager.transaction()
+        self.conn.write(framing.method_frame(self.id, commands.Tx.SelectOk()))
+
+    async def _tx_commit(self, m) -> None:
+        if self.tx is None:
+            raise channel_error(PRECONDITION_FAILED, "channel is not transactional", m)
+        acked, returns = self._tx_acked, self._tx_returns
+        self._tx_acked, self._tx_returns = [], []
+        try:
+            await self.tx.commit()
+        except FluxError as exc:
+            # Nothing was applied: the acknowledged messages are unacknowledged again (and
+            # requeued when the channel closes, which this error does).
+            self._tx_acked = acked
+            self._tx_undo()
+            raise _error_from_flux(exc, m) from None
+        for frames in returns:
+            self.conn.write(frames)
+        self._grant([e for _tag, e in acked])
+        self.conn.write(framing.method_frame(self.id, commands.Tx.CommitOk()))
+
+    async def _tx_rollback(self, m) -> None:
+        if self.tx is None:
+            raise channel_error(PRECONDITION_FAILED, "channel is not transactional", m)
+        self._tx_undo()
+        self.conn.write(framing.method_frame(self.id, commands.Tx.RollbackOk()))
+
+    def _tx_undo(self) -> None:
+        """Forget the open transaction: publishes dropped, acknowledged deliveries unacknowledged
+        again under their delivery tags (RabbitMQ: a rollback discards the acks; the client may
+        ack them again)."""
+        if self.tx is not None:
+            self.tx.rollback()
+        self._tx_returns = []
+        if self._tx_acked:
+            for tag, entry in self._tx_acked:
+                self.unacked[tag] = entry
+            self.unacked = dict(sorted(self.unacked.items()))   # `multiple` acks walk tags in order
+            self._tx_acked = []
+
+    def _tx_control(self, queue: str, verb: str, props, m) -> None:
+        """`$queue/<q>/$ack|$nack|$reject` published in a transaction joins it; a stream `$commit`
+        (a cursor move, not a message) takes effect at once."""
+        if verb == "commit":
+            entry = _Entry(None)
+            entry.tasks.append(self._spawn(self._control(queue, verb, props, m)))
+            self._pipeline.append(entry)
+            self._pipeline_idle.clear()
+            if self._confirmer is None or self._confirmer.done():
+                self._confirmer = self._spawn(self._confirm_loop())
+            return
+        headers = dict(getattr(props, "headers", None) or {})
+        message_id, group = headers.get("message-id"), headers.get("group-id")
+        if message_id in (None, "") or group in (None, ""):
+            raise channel_error(PRECONDITION_FAILED, f"a ${verb} needs the headers message-id and group-id", m)
+        try:
+            _q, seq = parse_message_id(_text_arg(message_id))
+            partition = _partition_header(headers, m)
+            if verb == "ack":
+                self.tx.ack(queue, _text_arg(group), [seq], partition)
+            elif verb == "nack":
+                self.tx.nack(queue, _text_arg(group), [seq], partition)
+            else:
+                self.tx.reject(queue, _text_arg(group), [seq], headers.get("reason"), partition)
+        except FluxError as exc:
+            raise _error_from_flux(exc, m) from None
 
     # ------------------------------------------------------------------ consume
 
@@ -853,23 +954,39 @@ class Channel:
 
     # ------------------------------------------------------------------ acknowledgements
 
-    def _take(self, delivery_tag: int, multiple: bool, m) -> list[Unacked]:
+    def _take(self, delivery_tag: int, multiple: bool, m) -> list[tuple[int, Unacked]]:
         if multiple:
             taken = []
             for tag in list(self.unacked):
                 if delivery_tag and tag > delivery_tag:
                     break
-                taken.append(self.unacked.pop(tag))
+                taken.append((tag, self.unacked.pop(tag)))
             return taken
         entry = self.unacked.pop(delivery_tag, None)
         if entry is None:
             raise channel_error(PRECONDITION_FAILED, f"unknown delivery tag {delivery_tag}", m)
-        return [entry]
+        return [(delivery_tag, entry)]
 
-    def _settle_entries(self, verb: str, entries: list[Unacked]) -> None:
-        for e in entries:
+    def _settle_entries(self, verb: str, taken: list[tuple[int, Unacked]], *, transactional: bool = True) -> None:
+        if self.tx is not None and transactional:
+            # In a transaction: applied at tx.commit; the window frees up then, too.
+            for tag, e in taken:
+                if e.consumer is None or e.consumer.kind != "ephemeral":
+                    if verb == "ack":
+                        self.tx.ack(e.queue, e.group, [e.seq], e.partition)
+                    elif verb == "nack":
+                        self.tx.nack(e.queue, e.group, [e.seq], e.partition)
+                    else:
+                        self.tx.reject(e.queue, e.group, [e.seq], "rejected by AMQP client", e.partition)
+                self._tx_acked.append((tag, e))
+            return
+        for _tag, e in taken:
             if e.consumer is None or e.consumer.kind != "ephemeral":
                 self._settle_op(verb, e.queue, e.group, e.partition, e.seq)
+        self._grant([e for _tag, e in taken])
+
+    def _grant(self, entries: list[Unacked]) -> None:
+        for e in entries:
             if e.consumer is not None and e.consumer.sub is not None:
                 e.consumer.sub.grant(1)
         self._release_held()
@@ -885,9 +1002,10 @@ class Channel:
 
     async def _basic_recover(self, m) -> None:
         # Redeliver everything unacknowledged (requeue=false is not supported by RabbitMQ either).
-        entries = list(self.unacked.values())
+        entries = list(self.unacked.items())
         self.unacked.clear()
-        self._settle_entries("nack", entries)
+        # basic.recover is not transactional (RabbitMQ): it redelivers now.
+        self._settle_entries("nack", entries, transactional=False)
         if isinstance(m, Basic.Recover):
             await self._flush_settle()
             self.conn.write(framing.method_frame(self.id, Basic.RecoverOk()))
@@ -960,9 +1078,9 @@ _HANDLERS = {
     Basic.Recover: Channel._basic_recover,
     Basic.RecoverAsync: Channel._basic_recover,
     Confirm.Select: Channel._confirm_select,
-    commands.Tx.Select: Channel._tx,
-    commands.Tx.Commit: Channel._tx,
-    commands.Tx.Rollback: Channel._tx,
+    commands.Tx.Select: Channel._tx_select,
+    commands.Tx.Commit: Channel._tx_commit,
+    commands.Tx.Rollback: Channel._tx_rollback,
 }
 
 __all__ = ["Channel", "Consumer"]

@@ -14,7 +14,7 @@ Life of a connection:
    - A link the client receives on (our sender) consumes the source address: `$queue/<q>`,
      `$queue/<q>/<filter>` or a bare queue name; a topic filter may also come as a source filter
      (`topic`, `topic-filter`, `subject-filter`, or the legacy AMQP topic/direct bindings). Attach
-     properties: `consumer-group` (default: the client's container id) and `cursor` (stream
+     properties: `consumer-group` (default: the queue name, so receivers compete) and `cursor` (stream
      queues: `earliest`, `latest`, a number, `first`, `last`, `offset=N`, `timestamp=N`),
      `auto-commit` (bool). Deliveries stay within the link credit (the Subscription's credit
      mirrors it). snd-settle-mode `settled` is at-most-once: the message is acknowledged when sent.
@@ -39,13 +39,14 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from proton import Condition, Data, Described, Event, Link, Message, symbol
+from proton import Condition, Data, Described, Event, Link, Message, Terminus, symbol
 from proton import Delivery as PnDelivery
 
 from fluxpg import connections
 from fluxpg.auth import AuthError, OpenAuthenticator, Principal
+from fluxpg.config import LimitsConfig
 from fluxpg.protocols.amqp10.engine import EngineEvent, ProtonEngine
-from fluxpg.protocols.amqp10.messages import MessageError, from_delivery, to_log
+from fluxpg.protocols.amqp10.messages import MessageError, decode, from_delivery, to_log
 from fluxpg.protocols.amqp10.sasl import SASL_HEADER, SaslCode, SaslError, SaslServer
 from fluxpg.delivery import Delivery
 from fluxpg.errors import FluxError, InvalidArgument
@@ -61,6 +62,13 @@ SASL_TIMEOUT = 30.0          # seconds to finish the SASL exchange
 CLOSE_GRACE = 2.0            # seconds to wait for the client's close after ours
 PUBLISH_WINDOW = 256         # credit given to a publishing link (unconfirmed publishes in flight)
 MAX_FRAME_SIZE = 1024 * 1024
+# A queue's max_message_size bounds the payload; the encoded message also carries its properties,
+# annotations and section headers. A message whose encoding exceeds the limit by more than this is
+# refused while it is still arriving (the publish path checks the payload exactly).
+ENVELOPE_ALLOWANCE = 64 * 1024
+DRAIN_POLL = 0.03            # seconds between looks at a draining link's subscription
+DRAIN_QUIET_POLLS = 3        # polls without a delivery before the rest of the credit is given back
+DEFAULT_MAX_MESSAGE_SIZE = LimitsConfig().max_message_size
 
 # FluxError.code → AMQP 1.0 error condition
 ERROR_CONDITIONS = {
@@ -109,12 +117,18 @@ class _Consumer:
 
 @dataclass(eq=False)
 class _Publisher:
-    """Our receiver link: messages the client sends to `topic` (None: each message's `to`)."""
+    """Our receiver link: messages the client sends to `topic` (None: each message's `to`).
+
+    A delivery's transfers are contiguous on its link, so a link has at most one unfinished
+    delivery (proton's current one): its bytes collect in `buffer`. (proton's Python Delivery
+    objects are fresh wrappers per event, so nothing may be keyed by their identity.)"""
 
     link: Link
     topic: str | None
     in_flight: int = 0
-    buffers: dict[int, bytearray] = field(default_factory=dict)
+    buffer: bytearray | None = None     # the unfinished delivery's bytes so far
+    limit: int = 0                      # its size cutoff in bytes (0: only the connection bound)
+    refused: Refused | None = None      # it is over a limit: its further bytes are read and dropped
     closed: bool = False
 
 
@@ -148,6 +162,11 @@ class AmqpConnection:
         self._wake = asyncio.Event()
         self._closed = False
         self._tasks: set[asyncio.Task] = set()
+        # Bytes of messages received but not yet published (unfinished deliveries, and finished
+        # ones until their publish commits): bounded by bounds.connection_inbound_bytes.
+        bounds = getattr(getattr(ctx, "config", None), "bounds", None)
+        self.inbound = 0
+        self.inbound_limit = int(getattr(bounds, "connection_inbound_bytes", 64 * 2 ** 20) or 0)
         # acknowledgements go to the database in batches: (verb, queue, group, partition, reason) → seqs
         self._acks: dict[tuple, list[int]] = defaultdict(list)
         self._ack_event = asyncio.Event()
@@ -420,6 +439,8 @@ class AmqpConnection:
 
     def _attach_publisher(self, link: Link) -> None:
         remote = link.remote_target
+        if remote.type == Terminus.COORDINATOR:
+            raise Refused("amqp:not-implemented", "local transactions (coordinator links) are not supported")
         if remote.dynamic:
             raise Refused("amqp:not-implemented", "dynamic targets are not supported")
         address = remote.address
@@ -484,7 +505,10 @@ class AmqpConnection:
             raise Refused("amqp:unauthorized-access", f"not allowed to consume from {address!r}")
         props = _properties(link.remote_properties)
         conn = link.connection
-        group = props.get("consumer-group") or conn.remote_container or "amqp"
+        # Receivers that name no group share the queue's default group (the queue name, as
+        # AMQP 0-9-1 consumers do): they compete for its messages, and a later one resumes where
+        # the group is instead of replaying the queue in a group of its own.
+        group = props.get("consumer-group") or queue
         position = props.get("cursor")
         if position is not None and not isinstance(position, (str, int)):
             raise Refused("amqp:invalid-field", f"cursor: expected a string or number, got {position!r}")
@@ -518,7 +542,7 @@ class AmqpConnection:
                            symbol("group-id"): sub.group}
         link.open()
         self.consumers[link] = consumer
-        sub.set_credit(link.credit)
+        sub.set_credit(_available_credit(link))
 
     async def _forget_link(self, link: Link) -> None:
         consumer = self.consumers.pop(link, None)
@@ -527,6 +551,9 @@ class AmqpConnection:
         publisher = self.publishers.pop(link, None)
         if publisher is not None:
             publisher.closed = True
+            if publisher.buffer is not None:
+                self._release_inbound(len(publisher.buffer))
+                publisher.buffer = None
 
     async def _close_consumer(self, consumer: _Consumer) -> None:
         if consumer.closed:
@@ -554,32 +581,36 @@ class AmqpConnection:
         link = consumer.link
         if consumer.sub is None:
             return
-        # Proton's credit and the subscription's count down together (one per message sent), so
-        # the link's credit is the subscription's whenever no delivery is half-way.
-        consumer.sub.set_credit(link.credit)
+        # The subscription may send what the link can take now. Deliveries sent beyond the
+        # credit (a claim that finished after a drain) wait in proton and count against the new
+        # credit: none is ever dropped.
+        consumer.sub.set_credit(_available_credit(link))
         if link.drain_mode and link.credit > 0 and consumer.drain_task is None:
             consumer.drain_task = asyncio.ensure_future(self._drain(consumer))
 
     async def _drain(self, consumer: _Consumer) -> None:
         """The client asked us to use up or give back its credit: send what is available right
-        now (the subscription is woken with the credit), then report the rest as drained."""
+        now (the subscription was woken with the credit), then give the rest back (link.drained()
+        sends the flow with credit 0). "Available right now" = nothing more was delivered over
+        a few polls of the subscription (each poll is longer than a claim takes here)."""
         try:
-            await asyncio.sleep(0.05)
-            for _ in range(20):
+            quiet = 0
+            before = -1
+            while quiet < DRAIN_QUIET_POLLS:
+                await asyncio.sleep(DRAIN_POLL)
                 sub = consumer.sub
-                if consumer.closed or sub is None:
-                    return
                 link = consumer.link
-                if not link.drain_mode or link.credit <= 0:
+                if consumer.closed or sub is None or not link.drain_mode:
                     return
-                # Give a fetch in progress time to complete before declaring the queue empty.
+                if _available_credit(link) <= 0:
+                    break  # credit used up by deliveries: nothing to give back
+                quiet = quiet + 1 if sub.delivered == before else 0
                 before = sub.delivered
-                await asyncio.sleep(0.05)
-                if sub.delivered == before:
-                    link.drained()
-                    sub.set_credit(0)
-                    self._kick()
-                    return
+            sub = consumer.sub
+            if sub is not None and not consumer.closed:
+                sub.set_credit(0)
+                consumer.link.drained()
+                self._kick()
         finally:
             consumer.drain_task = None
 
@@ -668,33 +699,74 @@ class AmqpConnection:
 
     # ------------------------------------------------------------------------------ publishing
 
+    def _message_limit(self, topic: str | None) -> int:
+        """Cutoff for one encoded message on a link publishing to `topic` (None: anonymous
+        relay, the largest limit of any queue): the queues' max_message_size plus the envelope
+        allowance; 0 when a queue it reaches has no limit."""
+        try:
+            targets = list(self.manager.queues.values()) if topic is None else self.manager.route(topic)
+        except (FluxError, ValueError):
+            targets = []
+        sizes = [q.max_message_size for q in targets] or [DEFAULT_MAX_MESSAGE_SIZE]
+        if 0 in sizes:
+            return 0
+        return (max(sizes) if topic is None else min(sizes)) + ENVELOPE_ALLOWANCE
+
+    def _release_inbound(self, n: int) -> None:
+        self.inbound = max(0, self.inbound - n)
+
     def _on_transfer(self, publisher: _Publisher, dlv: PnDelivery) -> None:
         link = publisher.link
         if dlv.aborted:
-            publisher.buffers.pop(id(dlv), None)
+            if publisher.buffer is not None:
+                self._release_inbound(len(publisher.buffer))
+            publisher.buffer, publisher.refused = None, None
             dlv.settle()
             link.advance()
             self._top_up(publisher)
             return
         if not dlv.readable:
             return
-        buffer = publisher.buffers.setdefault(id(dlv), bytearray())
+        if publisher.buffer is None and publisher.refused is None:
+            publisher.buffer = bytearray()
+            publisher.limit = self._message_limit(publisher.topic)
         while True:
             chunk = link.recv(max(dlv.pending, 1))
             if not chunk:
                 break
-            buffer += chunk
+            if publisher.refused is not None:
+                continue  # over a limit: read (proton must not keep it) and drop
+            size = len(publisher.buffer) + len(chunk)
+            if publisher.limit and size > publisher.limit:
+                publisher.refused = Refused(
+                    "amqp:link:message-size-exceeded",
+                    f"message of more than {size} bytes exceeds the queue's max_message_size "
+                    f"({publisher.limit - ENVELOPE_ALLOWANCE} bytes of payload)")
+            elif self.inbound_limit and self.inbound + len(chunk) > self.inbound_limit:
+                publisher.refused = Refused(
+                    "amqp:resource-limit-exceeded",
+                    f"this connection's unconfirmed messages exceed bounds.connection_inbound_bytes "
+                    f"({self.inbound_limit} bytes)")
+            else:
+                publisher.buffer += chunk
+                self.inbound += len(chunk)
+                continue
+            self._release_inbound(len(publisher.buffer))
+            publisher.buffer = None
         if dlv.partial:
             return
-        publisher.buffers.pop(id(dlv), None)
+        buffer, refused = publisher.buffer, publisher.refused
+        publisher.buffer, publisher.refused = None, None
         link.advance()
         settled_by_client = dlv.settled
+        size = len(buffer) if buffer is not None else 0
         try:
-            message = Message()
+            if refused is not None:
+                raise refused
             try:
-                message.decode(bytes(buffer))
-            except Exception as exc:  # noqa: BLE001
-                raise Refused("amqp:decode-error", f"cannot decode the message: {exc}") from None
+                message = decode(bytes(buffer))
+            except MessageError as exc:
+                raise Refused("amqp:decode-error", str(exc)) from None
             topic = publisher.topic
             if topic is None:
                 if not message.address:
@@ -707,7 +779,9 @@ class AmqpConnection:
                 payload, headers = to_log(message)
             except MessageError as exc:
                 raise Refused("amqp:decode-error", str(exc)) from None
+            del buffer, message
         except Refused as exc:
+            self._release_inbound(size)
             log.info("amqp10 %s: message refused: %s", self.peer, exc)
             if not settled_by_client:
                 dlv.local.condition = exc.condition
@@ -716,12 +790,13 @@ class AmqpConnection:
             self._top_up(publisher)
             return
         publisher.in_flight += 1
-        task = asyncio.ensure_future(self._publish(publisher, dlv, topic, payload, headers, settled_by_client))
+        task = asyncio.ensure_future(self._publish(publisher, dlv, topic, payload, headers, settled_by_client,
+                                                   size))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _publish(self, publisher: _Publisher, dlv: PnDelivery, topic: str, payload: bytes,
-                       headers: dict, settled_by_client: bool) -> None:
+                       headers: dict, settled_by_client: bool, size: int) -> None:
         error: BaseException | None = None
         try:
             await self.manager.publish(topic, payload, headers)
@@ -730,6 +805,8 @@ class AmqpConnection:
         except Exception as exc:  # noqa: BLE001
             log.exception("amqp10 %s: publish to %s failed", self.peer, topic)
             error = exc
+        finally:
+            self._release_inbound(size)
         publisher.in_flight -= 1
         if self._closed or publisher.closed:
             return
@@ -751,9 +828,18 @@ class AmqpConnection:
         link = publisher.link
         if publisher.closed or link.state & link.LOCAL_CLOSED:
             return
+        if self.inbound_limit and self.inbound > self.inbound_limit // 2 and publisher.in_flight:
+            return  # much unconfirmed data held: more credit when publishes complete
         room = PUBLISH_WINDOW - publisher.in_flight - link.credit
         if room >= PUBLISH_WINDOW // 2 or (link.credit == 0 and room > 0):
             link.flow(room)
+
+
+def _available_credit(link: Link) -> int:
+    """What a sender link may still send. proton's credit is already net of every delivery we
+    handed it (advance() takes one, written or not), and goes below zero for deliveries sent
+    beyond the credit (they wait in proton for the next credit)."""
+    return max(0, link.credit)
 
 
 def _properties(remote) -> dict[str, Any]:

@@ -44,6 +44,9 @@ from typing import Any
 
 import proton
 from proton import Data, Message, symbol
+# proton's Message.content_type / content_encoding turn an unset field into symbol('None'); the
+# C getters say None.
+from proton._message import pn_message_get_content_encoding, pn_message_get_content_type
 
 from fluxpg.delivery import Delivery
 
@@ -62,7 +65,6 @@ _PROPERTY_FIELDS = (
     ("address", "to"),
     ("subject", "subject"),
     ("reply_to", "reply-to"),
-    ("content_encoding", "content-encoding"),
     ("group_id", "group-id"),
     ("reply_to_group_id", "reply-to-group-id"),
 )
@@ -132,12 +134,50 @@ def _ms(value: float | None) -> int | None:
 # --------------------------------------------------------------------------- incoming
 
 
+def decode(raw: bytes) -> Message:
+    """A transfer's bytes → Message; MessageError when they are not a well-formed message.
+    proton's Message.decode skips a truncated or malformed section without a word, so every
+    section is first decoded on its own and must take its bytes exactly."""
+    view = memoryview(raw)
+    try:
+        while view:
+            used = Data().decode(bytes(view[:len(view)]))
+            if used <= 0:
+                raise MessageError("no AMQP value where a message section should be")
+            view = view[used:]
+        message = Message()
+        message.decode(raw)
+    except MessageError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - proton's DataException, UnicodeDecodeError…
+        raise MessageError(f"cannot decode the message: {exc}") from None
+    return message
+
+
 def to_log(message: Message) -> tuple[bytes, dict[str, Any]]:
-    """A message a client sent us → (payload, headers) for QueueManager.publish."""
+    """A message a client sent us → (payload, headers) for QueueManager.publish.
+
+    Raises MessageError (→ Rejected amqp:decode-error) for a message the spec does not allow or
+    that cannot be stored: whatever is wrong with one message must not end the connection."""
+    try:
+        return _to_log(message)
+    except MessageError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - e.g. invalid UTF-8 met while reading a field
+        raise MessageError(f"malformed message: {type(exc).__name__}: {exc}") from None
+
+
+def _to_log(message: Message) -> tuple[bytes, dict[str, Any]]:
     headers: dict[str, Any] = {}
     amqp: dict[str, Any] = {}
     types: dict[str, str] = {}
-    for key, value in (message.properties or {}).items():
+    properties = message.properties
+    if properties is not None and not isinstance(properties, dict):
+        raise MessageError(f"application-properties must be a map, not {type(properties).__name__}")
+    annotations = message.annotations
+    if annotations is not None and not isinstance(annotations, dict):
+        raise MessageError(f"message-annotations must be a map, not {type(annotations).__name__}")
+    for key, value in (properties or {}).items():
         name = str(key)
         if name == AMQP_KEY:
             continue  # reserved for our own layout
@@ -147,8 +187,9 @@ def to_log(message: Message) -> tuple[bytes, dict[str, Any]]:
             types[name] = type_name
     if types:
         amqp["types"] = types
-    if message.content_type:
-        headers["content-type"] = str(message.content_type)
+    content_type = pn_message_get_content_type(message._msg)
+    if content_type:
+        headers["content-type"] = str(content_type)
 
     props: dict[str, Any] = {}
     id_types: dict[str, str] = {}
@@ -172,6 +213,9 @@ def to_log(message: Message) -> tuple[bytes, dict[str, Any]]:
         value = getattr(message, attr)
         if value:
             props[name] = str(value)
+    content_encoding = pn_message_get_content_encoding(message._msg)
+    if content_encoding:
+        props["content-encoding"] = str(content_encoding)
     if message.group_sequence:
         props["group-sequence"] = int(message.group_sequence)
     for attr, name in (("creation_time", "creation-time"), ("expiry_time", "absolute-expiry-time")):
@@ -192,8 +236,8 @@ def to_log(message: Message) -> tuple[bytes, dict[str, Any]]:
     if header:
         amqp["header"] = header
 
-    if message.annotations:
-        amqp["annotations"] = {str(k): _encode_value(v)[0] for k, v in message.annotations.items()}
+    if annotations:
+        amqp["annotations"] = {str(k): _encode_value(v)[0] for k, v in annotations.items()}
 
     body = message.body
     if body is None:
@@ -253,6 +297,8 @@ def from_delivery(delivery: Delivery) -> Message:
     for attr, name in _PROPERTY_FIELDS:
         if props.get(name):
             setattr(message, attr, str(props[name]))
+    if props.get("content-encoding"):
+        message.content_encoding = symbol(str(props["content-encoding"]))
     if props.get("group-sequence"):
         message.group_sequence = int(props["group-sequence"])
     if props.get("absolute-expiry-time"):

@@ -1,0 +1,323 @@
+"""AMQP 1.0 links against a real fluxpg with python-qpid-proton: credit and drain, large
+multi-frame messages and the size limit, malformed messages, unset properties, the default
+consumer group, outcomes. Each test checks what the client got and what the log holds."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+
+import pytest
+from proton import Data, Described, Delivery, Message, Timeout, symbol, ulong
+from proton._message import pn_message_get_content_type
+from proton.handlers import MessagingHandler
+from proton.reactor import Container
+
+from fluxpg.config import QueueConfig
+
+from tests.protocols.test_amqp10_broker import Props, connect, pump, url
+
+pytestmark = pytest.mark.timeout(90)
+
+LOG_ROWS = """SELECT l.seq, l.payload, l.headers FROM fluxpg.log l JOIN fluxpg.queues q ON q.id = l.queue_id
+              WHERE q.name = $1 ORDER BY l.seq"""
+
+
+def log_rows(srv, queue: str) -> list:
+    rows = srv.call(srv.manager.pool.fetch(LOG_ROWS, queue))
+    return [(r["seq"], bytes(r["payload"]),
+             json.loads(r["headers"]) if isinstance(r["headers"], str) else (r["headers"] or {})) for r in rows]
+
+
+def send_raw(conn, snd, raw: bytes, timeout: float = 10) -> Delivery:
+    """Send already-encoded message bytes (what proton's Message would refuse to make)."""
+    link = snd.link
+    dlv = link.delivery(str(time.monotonic_ns()))
+    link.send(raw)
+    link.advance()
+    conn.wait(lambda: dlv.remote_state != 0 or dlv.settled, timeout=timeout, msg="waiting for an outcome")
+    return dlv
+
+
+def sections(*parts) -> bytes:
+    data = Data()
+    for code, value in parts:
+        data.put_object(Described(ulong(code), value))
+    return bytes(data.encode())
+
+
+# ------------------------------------------------------------------------------------ credit
+
+
+class _LateCredit(MessagingHandler):
+    """A receiver that attaches with no credit, waits, then grants 10 at a time, each batch only
+    after the previous one arrived (what proton's simple_recv does with its prefetch)."""
+
+    def __init__(self, url: str, address: str, total: int, wait: float, srv_publish):
+        super().__init__(prefetch=0, auto_accept=True)
+        self.url, self.address, self.total, self.wait, self.publish = url, address, total, wait, srv_publish
+        self.received: list = []
+        self.done = threading.Event()
+        self.outstanding = 0
+
+    def on_start(self, event):
+        self.conn = event.container.connect(self.url)
+        self.receiver = event.container.create_receiver(self.conn, self.address)
+        event.container.schedule(self.wait, self)
+
+    def on_link_opened(self, event):
+        if event.receiver == self.receiver:
+            self.publish()   # the messages arrive while the link has no credit
+
+    def on_timer_task(self, event):
+        self._grant()
+
+    def _grant(self):
+        self.outstanding = 10
+        self.receiver.flow(10)
+
+    def on_message(self, event):
+        self.received.append(event.message.body)
+        self.outstanding -= 1
+        if len(self.received) == self.total:
+            self.conn.close()
+        elif self.outstanding == 0:
+            self._grant()
+
+    def on_connection_closed(self, event):
+        self.done.set()
+
+    def on_transport_error(self, event):
+        self.done.set()
+
+
+@pytest.mark.parametrize("configured", [True], ids=["configured-queue"])
+def test_credit_granted_late_gets_every_message_in_order(threaded_broker, qname, configured):
+    srv = threaded_broker([QueueConfig(name=qname)] if configured else None)
+    address = f"$queue/{qname}"
+
+    def publish():
+        conn = connect(srv)
+        try:
+            snd = conn.create_sender(address)
+            for i in range(100):
+                snd.send(Message(body=i))
+        finally:
+            conn.close()
+
+    client = _LateCredit(url(srv), address, 100, 0.5, lambda: threading.Thread(target=publish).start())
+    thread = threading.Thread(target=Container(client).run, daemon=True)
+    thread.start()
+    assert client.done.wait(60), f"got {len(client.received)} of 100"
+    thread.join(5)
+    assert client.received == list(range(100))
+    # and all of it is in the log, each message once
+    assert [seq for seq, _, _ in log_rows(srv, qname)] == list(range(100))
+
+
+def test_receiver_attaching_later_gets_what_the_queue_holds(threaded_broker, qname):
+    srv = threaded_broker([QueueConfig(name=qname)])
+    conn = connect(srv)
+    try:
+        snd = conn.create_sender(qname)
+        for i in range(30):
+            snd.send(Message(body=i))
+        rcv = conn.create_receiver(qname, credit=7)
+        got = []
+        for _ in range(30):
+            got.append(rcv.receive(timeout=10).body)
+            rcv.accept()
+        assert got == list(range(30))
+    finally:
+        conn.close()
+
+
+def test_drain_sends_what_is_there_then_gives_the_credit_back(threaded_broker, qname):
+    srv = threaded_broker([QueueConfig(name=qname)])
+    conn = connect(srv)
+    try:
+        snd = conn.create_sender(qname)
+        for i in range(3):
+            snd.send(Message(body=i))
+        rcv = conn.create_receiver(qname, credit=0)
+        link = rcv.link
+        link.drain(10)
+        conn.wait(lambda: link.credit == 0, timeout=10, msg="drain did not complete")
+        got = []
+        for _ in range(3):
+            got.append(rcv.receive(timeout=5).body)
+            rcv.accept()
+        assert got == [0, 1, 2]
+        # an empty queue: the whole credit comes back, nothing is sent
+        link.drain(5)
+        conn.wait(lambda: link.credit == 0, timeout=10, msg="drain of an empty queue did not complete")
+        snd.send(Message(body="after"))
+        pump(conn, 0.5)
+        assert not rcv.fetcher.has_message   # no credit: nothing may arrive
+        link.flow(1)
+        assert rcv.receive(timeout=10).body == "after"
+        rcv.accept()
+    finally:
+        conn.close()
+
+
+def test_receivers_without_a_group_compete(threaded_broker, qname):
+    srv = threaded_broker([QueueConfig(name=qname)])
+    conn = connect(srv)
+    try:
+        snd = conn.create_sender(qname)
+        for i in range(40):
+            snd.send(Message(body=i))
+        other = connect(srv)   # another container id: still the same (default) group
+        try:
+            a = conn.create_receiver(qname, credit=5)
+            b = other.create_receiver(qname, credit=5)
+            got_a, got_b = [], []
+            deadline = time.monotonic() + 30
+            while len(got_a) + len(got_b) < 40 and time.monotonic() < deadline:
+                for rcv, got in ((a, got_a), (b, got_b)):
+                    try:
+                        m = rcv.receive(timeout=0.2)
+                    except Timeout:
+                        continue
+                    got.append(m.body)
+                    assert m.properties["group-id"] == qname
+                    rcv.accept()
+            assert sorted(got_a + got_b) == list(range(40))      # all delivered, none twice
+            assert got_a and got_b                                 # shared
+            assert got_a == sorted(got_a) and got_b == sorted(got_b)
+        finally:
+            other.close()
+    finally:
+        conn.close()
+    status = srv.call(srv.manager.group_status(qname))
+    assert [r["grp"] for r in status] == [qname]
+
+
+# ------------------------------------------------------------------------------------ size
+
+
+@pytest.mark.parametrize("size", [2 * 2 ** 20, 12 * 2 ** 20], ids=["2MB", "12MB"])
+def test_large_multi_frame_messages_are_stored_byte_exact(threaded_broker, qname, size):
+    srv = threaded_broker([QueueConfig(name=qname, limits={"max_message_size": 16 * 2 ** 20})])
+    body = os.urandom(size)
+    conn = connect(srv)
+    try:
+        snd = conn.create_sender(qname)
+        assert snd.send(Message(body=body, inferred=True), timeout=60).remote_state == Delivery.ACCEPTED
+        rows = log_rows(srv, qname)
+        assert len(rows) == 1 and rows[0][1] == body
+        rcv = conn.create_receiver(qname, credit=1)
+        got = rcv.receive(timeout=60)
+        assert bytes(got.body) == body
+        rcv.accept()
+    finally:
+        conn.close()
+
+
+def test_over_the_limit_is_rejected_and_the_link_goes_on(threaded_broker, qname):
+    srv = threaded_broker([QueueConfig(name=qname, limits={"max_message_size": 2 ** 20})])
+    conn = connect(srv)
+    try:
+        snd = conn.create_sender(qname)
+        big = snd.send(Message(body=os.urandom(3 * 2 ** 20), inferred=True), timeout=60, error_states=[])
+        assert big.remote_state == Delivery.REJECTED
+        assert big.remote.condition.name == "amqp:link:message-size-exceeded"
+        # just over the payload limit (within the envelope allowance): the publish path refuses it
+        near = snd.send(Message(body=b"x" * (2 ** 20 + 1), inferred=True), timeout=60, error_states=[])
+        assert near.remote.condition.name == "amqp:link:message-size-exceeded"
+        ok = snd.send(Message(body=b"y" * 2 ** 20, inferred=True), timeout=60)
+        assert ok.remote_state == Delivery.ACCEPTED
+    finally:
+        conn.close()
+    assert [len(p) for _, p, _ in log_rows(srv, qname)] == [2 ** 20]
+
+
+def test_unfinished_messages_count_toward_the_connection_bound(threaded_broker, qname):
+    from fluxpg.config import Config
+
+    config = Config(queues=[QueueConfig(name=qname, limits={"max_message_size": 0})],
+                    bounds={"connection_inbound_bytes": 4 * 2 ** 20})
+    srv = threaded_broker(config=config)
+    conn = connect(srv)
+    try:
+        snd = conn.create_sender(qname)
+        big = snd.send(Message(body=os.urandom(6 * 2 ** 20), inferred=True), timeout=60, error_states=[])
+        assert big.remote_state == Delivery.REJECTED
+        assert big.remote.condition.name == "amqp:resource-limit-exceeded"
+        assert snd.send(Message(body=b"fits", inferred=True)).remote_state == Delivery.ACCEPTED
+    finally:
+        conn.close()
+    assert [p for _, p, _ in log_rows(srv, qname)] == [b"fits"]
+
+
+# ------------------------------------------------------------------------------------ malformed
+
+MALFORMED = {
+    "application-properties-not-a-map": sections((0x74, ["a", 1]), (0x77, "body")),
+    "annotations-not-a-map": sections((0x72, ["a"]), (0x77, "body")),
+    "invalid-utf8": b"\x00\x53\x77\xa1\x02\xff\xfe",
+    "truncated-section": b"\x00\x53\x75\xb0\x00\x00\x00\x10ab",
+    "map-with-odd-count": b"\x00\x53\x77\xc1\x03\x03\xa1\x01a",
+    # an array of described values: proton decodes it but cannot encode it again
+    "body-not-re-encodable": b"\x00\x53\x77\xe0\x07\x02\x00\xa3\x01x\x54\x01\x02",
+}
+
+
+def test_malformed_messages_are_rejected_and_the_connection_stays(threaded_broker, qname, caplog):
+    srv = threaded_broker([QueueConfig(name=qname)])
+    caplog.set_level(logging.INFO, logger="fluxpg")
+    conn = connect(srv)
+    try:
+        snd = conn.create_sender(qname)
+        rcv = conn.create_receiver(qname, credit=10)   # another link on the same connection
+        for name, raw in MALFORMED.items():
+            dlv = send_raw(conn, snd, raw)
+            assert dlv.remote_state == Delivery.REJECTED, name
+            assert dlv.remote.condition.name == "amqp:decode-error", name
+        assert snd.send(Message(body="fine")).remote_state == Delivery.ACCEPTED
+        assert rcv.receive(timeout=10).body == "fine"
+        rcv.accept()
+    finally:
+        conn.close()
+    assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
+    assert [p for _, p, _ in log_rows(srv, qname)] == [b"fine"]
+
+
+# ------------------------------------------------------------------------------------ properties
+
+
+def test_unset_content_type_stays_unset(threaded_broker, qname):
+    import pika
+
+    srv = threaded_broker([QueueConfig(name=qname)])
+    conn = connect(srv)
+    try:
+        snd = conn.create_sender(qname)
+        snd.send(Message(body="plain"))
+        snd.send(Message(body="typed", content_type="text/plain"))
+        rcv = conn.create_receiver(qname, options=Props(consumer_group="amqp10"), credit=2)
+        got = [rcv.receive(timeout=10) for _ in range(2)]
+        rcv.accept()
+        assert pn_message_get_content_type(got[0]._msg) is None
+        assert got[1].content_type == symbol("text/plain")
+    finally:
+        conn.close()
+    headers = [h for _, _, h in log_rows(srv, qname)]
+    assert "content-type" not in headers[0] and headers[1]["content-type"] == "text/plain"
+    # an AMQP 0-9-1 consumer sees no content type either
+    params = pika.ConnectionParameters("127.0.0.1", srv.port("amqp091"))
+    with pika.BlockingConnection(params) as pconn:
+        ch = pconn.channel()
+        seen = []
+        for method, props, body in ch.consume(qname, arguments={"x-consumer-group": "pika"},
+                                              inactivity_timeout=10):
+            assert method is not None, "no delivery"
+            seen.append((body, props.content_type))
+            ch.basic_ack(method.delivery_tag)
+            if len(seen) == 2:
+                break
+        ch.cancel()
+    assert seen == [(b"plain", None), (b"typed", "text/plain")]

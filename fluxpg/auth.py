@@ -9,20 +9,43 @@ Passwords are stored only as scrypt hashes: `scrypt$<n>$<r>$<p>$<salt b64>$<hash
 (`hash_password`, `verify_password`; `fluxpg passwd` prints one). The configured authenticator
 (users in the config, then in the `fluxpg.users` table) is in auth_config.py.
 
-Permissions are (action, pattern) pairs: action `publish`, `consume` or `all`; pattern a queue name
-(`orders`: everything in that queue) or a topic filter (`$queue/orders/eu/#`, `$queue/+/audit`).
-`allowed` takes a queue name, a topic published to, or a subscription (`$queue/orders/eu/#`,
-`orders/eu/#`): a subscription is allowed when the pattern covers every topic it can match.
+Authorization is ONE function, `authorize(principal, action, resource, group=...)`, that every
+front-end (MQTT, AMQP 0-9-1, AMQP 1.0, HTTP) calls for every action, so the same user gets the same
+answer whichever protocol it speaks:
+
+  action       resource                                   granted by a permission of action
+  publish      the topic published to (`$queue/orders/eu`) publish (a control topic: see ack)
+  consume      the subscription: queue (`orders`) or       consume, covering every topic the
+               queue + filter (`$queue/orders/eu/#`)        subscription can match, and the group
+  ack, nack,   the queue (`$queue/<q>/$ack` etc. is this)   consume on the WHOLE queue and the group
+  reject,
+  commit
+  configure    the queue declared                          configure
+  read         the queue inspected (passive declare, depth) read, consume or configure
+  monitoring   a queue, or None for the whole broker        monitoring or manage
+  manage       a queue, or None for the whole broker        manage
+  (`all` grants every action on its pattern.)
+
+Permissions are (action, pattern[, groups]) triples: pattern a queue name (`orders`: everything in
+that queue), a topic filter (`$queue/orders/eu/#`, `$queue/+/audit`) or `#` (everything); groups
+an optional list of consumer-group names (`*`/`?` wildcards) the consume right is limited to.
+A subscription is allowed when the pattern covers every topic it can match. Config files written
+before `configure`/`read`/`monitoring`/`manage` existed keep their meaning for publish and consume;
+declaring a queue now needs `configure` (or `all`), as in RabbitMQ.
 """
 from __future__ import annotations
 
 import base64
+import fnmatch
 import hashlib
 import hmac
 import os
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
-QUEUE_PREFIX = "$queue/"
+from fluxpg.topics import ack_verb
+
+QUEUE_PREFIX = "$queue/"   # same as fluxpg.topics.QUEUE_PREFIX
 
 # scrypt cost: n=2^14, r=8 takes ~50 ms and 16 MiB — OWASP's minimum recommendation for scrypt.
 SCRYPT_N = 2 ** 14
@@ -37,20 +60,104 @@ class AuthError(Exception):
     """Login refused; the message is safe to log (never contains the password)."""
 
 
+#: What a client can be authorized for (see the table in the module docstring).
+ACTIONS = ("publish", "consume", "ack", "nack", "reject", "commit", "configure", "read", "monitoring", "manage")
+#: What a permission in the config / fluxpg.users can name.
+PERMISSION_ACTIONS = ("publish", "consume", "configure", "read", "monitoring", "manage", "all")
+#: Acknowledgement verbs: consume rights on the whole queue (and the group).
+CONTROL_ACTIONS = frozenset({"ack", "nack", "reject", "commit"})
+# A permission of action X (key) grants the actions in the value.
+_GRANTS = {
+    "publish": frozenset({"publish"}),
+    "consume": frozenset({"consume", "ack", "nack", "reject", "commit", "read"}),
+    "configure": frozenset({"configure", "read"}),
+    "read": frozenset({"read"}),
+    "monitoring": frozenset({"monitoring"}),
+    "manage": frozenset({"manage", "monitoring"}),
+    "all": frozenset(ACTIONS),
+}
+EVERYTHING = "#"
+
+
+class Permission(NamedTuple):
+    action: str
+    pattern: str = EVERYTHING
+    groups: tuple[str, ...] | None = None   # consumer groups (fnmatch patterns); None = any
+
+
 @dataclass(frozen=True)
 class Principal:
     username: str | None
     anonymous: bool = False
-    # (action, pattern) pairs; action is "publish", "consume" or "all"; None means everything is allowed
-    permissions: tuple[tuple[str, str], ...] | None = None
+    # Permission triples (plain (action, pattern) pairs work too); None means everything is allowed
+    permissions: tuple[tuple, ...] | None = None
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
-    def allowed(self, action: str, name: str) -> bool:
-        """May this principal `action` ("publish" | "consume") on `name` (a queue name, a topic, or
-        a queue subscription with a filter)?"""
-        if self.permissions is None:
-            return True
-        return any(act in (action, "all") and pattern_allows(pattern, name) for act, pattern in self.permissions)
+    def allowed(self, action: str, name: str | None = None, *, group: str | None = None) -> bool:
+        """Shorthand for `authorize(self, action, name, group=group)`."""
+        return authorize(self, action, name, group=group)
+
+    @property
+    def display(self) -> str:
+        return self.username or "anonymous"
+
+
+def subscription(queue: str, topic_filter: str | None) -> str:
+    """The consume resource of a queue subscription: `orders` (all of it) or `$queue/orders/eu/#`.
+    Every protocol names subscriptions this way, so the answer does not depend on the spelling."""
+    if topic_filter is None or topic_filter == "#":
+        return queue
+    return f"{QUEUE_PREFIX}{queue}/{topic_filter}"
+
+
+def _group_allowed(groups: tuple[str, ...] | None, group: str | None) -> bool:
+    if groups is None or group is None:
+        return True
+    # `workers@orders/+` (a filtered group's internal name) is the group `workers`.
+    name = group.partition("@")[0] or group
+    return any(fnmatch.fnmatchcase(name, g) for g in groups)
+
+
+def authorize(principal: Principal | None, action: str, resource: str | None = None, *,
+              group: str | None = None) -> bool:
+    """THE authorization decision of the broker: may `principal` do `action` on `resource`
+    (as consumer group `group`, where groups matter)? Every protocol calls this for every action;
+    see the module docstring for the resource each action takes. Never raises; an unknown action
+    is refused. `principal` None (no login step, e.g. auth off) and permissions None allow all."""
+    if action not in _ALL_KNOWN:
+        return False
+    if principal is None or principal.permissions is None:
+        return True
+    if action == "publish" and resource is not None and resource.startswith(QUEUE_PREFIX):
+        # A control publish (`$queue/<q>/$ack` …) acts on other consumers' entries: it needs the
+        # consume right on the whole queue and the group, whatever publish rights say.
+        try:
+            verb = ack_verb(resource)
+        except Exception:  # noqa: BLE001 - a malformed ack topic: the protocol refuses it anyway
+            return False
+        if verb is not None:
+            resource, action = verb
+    if resource is None:
+        if action not in ("monitoring", "manage"):
+            return False
+        resource = EVERYTHING
+    for perm in principal.permissions:
+        granted, pattern = perm[0], perm[1]
+        groups = perm[2] if len(perm) > 2 else None
+        if action not in _GRANTS.get(granted, ()):
+            continue
+        if resource == EVERYTHING:
+            if pattern != EVERYTHING:
+                continue
+        elif not pattern_allows(pattern, resource):
+            continue
+        if action in ("consume", *CONTROL_ACTIONS) and not _group_allowed(groups, group):
+            continue
+        return True
+    return False
+
+
+_ALL_KNOWN = frozenset(ACTIONS)
 
 
 def _queue_and_rest(name: str) -> tuple[str, str | None]:

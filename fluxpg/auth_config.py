@@ -26,7 +26,8 @@ import os
 import time
 from typing import Any
 
-from fluxpg.auth import AuthError, Principal, hash_password, verify_password
+from fluxpg.auth import (EVERYTHING, PERMISSION_ACTIONS, AuthError, Permission, Principal, hash_password,
+                         verify_password)
 
 log = logging.getLogger("fluxpg.auth")
 
@@ -39,8 +40,9 @@ _VERIFIED_MAX = 10_000
 _LOOKUP_SQL = "SELECT password_hash, permissions FROM fluxpg.users WHERE username = $1"
 
 
-def permissions_tuple(perms: Any) -> tuple[tuple[str, str], ...] | None:
-    """Config or table permissions → Principal.permissions (None = everything allowed)."""
+def permissions_tuple(perms: Any) -> tuple[Permission, ...] | None:
+    """Config or table permissions → Principal.permissions (None = everything allowed). Entries
+    this broker does not understand (an unknown action, no pattern) grant nothing."""
     if perms is None:
         return None
     if isinstance(perms, str):
@@ -48,11 +50,17 @@ def permissions_tuple(perms: Any) -> tuple[tuple[str, str], ...] | None:
     out = []
     for p in perms:
         if isinstance(p, dict):
-            action, pattern = p.get("action"), p.get("pattern")
+            action, pattern, groups = p.get("action"), p.get("pattern", EVERYTHING), p.get("groups")
         else:
-            action, pattern = getattr(p, "action", None), getattr(p, "pattern", None)
-        if action in ("publish", "consume", "all") and isinstance(pattern, str) and pattern:
-            out.append((action, pattern))
+            action = getattr(p, "action", None)
+            pattern = getattr(p, "pattern", EVERYTHING)
+            groups = getattr(p, "groups", None)
+        if groups is not None:
+            if not isinstance(groups, (list, tuple)) or not all(isinstance(g, str) and g for g in groups):
+                continue
+            groups = tuple(groups)
+        if action in PERMISSION_ACTIONS and isinstance(pattern, str) and pattern:
+            out.append(Permission(action, pattern, groups))
     return tuple(out)
 
 

@@ -430,11 +430,16 @@ class QueueConfig(_Strict):
 
 
 class PermissionConfig(_Strict):
-    """One permission of a user: `action` on the queues/topics `pattern` covers."""
+    """One permission of a user: `action` on the queues/topics `pattern` covers (fluxpg.auth has
+    the table of what each action allows)."""
 
-    action: Literal["publish", "consume", "all"]
-    # A queue name (`orders`: all of it) or a topic filter (`$queue/orders/eu/#`).
-    pattern: str
+    # publish | consume (also ack/nack/reject/commit and read) | configure (declare; also read) |
+    # read (passive declare, depth) | monitoring (HTTP API, metrics) | manage (also monitoring) | all
+    action: Literal["publish", "consume", "configure", "read", "monitoring", "manage", "all"]
+    # A queue name (`orders`: all of it), a topic filter (`$queue/orders/eu/#`), or "#" (everything).
+    pattern: str = "#"
+    # consume: only as these consumer groups (`*`, `?` wildcards); omitted = any group.
+    groups: list[str] | None = None
 
     @field_validator("pattern")
     @classmethod
@@ -446,6 +451,13 @@ class PermissionConfig(_Strict):
                 validate_queue_name(value)
         except InvalidArgument as e:
             raise ValueError(f"{e} (expected a queue name or a topic filter such as $queue/orders/#)") from None
+        return value
+
+    @field_validator("groups")
+    @classmethod
+    def _groups(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and any(not g for g in value):
+            raise ValueError("a consumer group pattern must not be empty")
         return value
 
 

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
 
+from fluxpg.auth import authorize, subscription
 from fluxpg.config import LimitsConfig, queue_config_from_amqp_args
 from fluxpg.protocols.amqp091 import framing
 from fluxpg.protocols.amqp091.exchanges import EXCHANGE_TYPES, Binding, Exchange, freeze_args
@@ -335,6 +336,13 @@ class Channel:
 
     # ------------------------------------------------------------------ queues
 
+    def _authorize(self, action: str, resource: str, m, *, group: str | None = None) -> None:
+        """fluxpg.auth.authorize, the one decision every protocol uses; 403 ACCESS_REFUSED when no."""
+        principal = self.conn.principal
+        if not authorize(principal, action, resource, group=group):
+            who = principal.display if principal is not None else "anonymous"
+            raise channel_error(ACCESS_REFUSED, f"{action} on '{resource}' refused for user '{who}'", m)
+
     def _queue_name(self, raw: str, m) -> tuple[str, str | None, bool]:
         """(queue, filter, explicit) from `orders`, `orders/eu/#` or `$queue/orders/#`."""
         explicit = raw.startswith(QUEUE_PREFIX)
@@ -388,6 +396,7 @@ class Channel:
         if raw == "":
             # Server-named queues are private, short-lived: an ephemeral (in-memory) queue.
             name = f"amq.gen-{uuid.uuid4().hex}"
+            self._authorize("configure", name, m)
             self.manager.ephemeral.get(name)
             self.conn.ephemeral_declared.add(name)
             return await self._declare_ok(m, name, "ephemeral")
@@ -396,6 +405,8 @@ class Channel:
             validate_queue_name(name)
         except InvalidArgument as exc:
             raise channel_error(PRECONDITION_FAILED, str(exc), m) from None
+        # A passive declare reveals depth and consumers (read); any other declare may create (configure).
+        self._authorize("read" if m.passive else "configure", name, m)
         found = await self._lookup(name)
         if m.passive:
             if found is None:
@@ -430,6 +441,7 @@ class Channel:
         queue, _f, _e = self._queue_name(m.queue or "", m)
         exchange = self._exchange_name(m.exchange)
         self._require_exchange(exchange, m)
+        self._authorize("read", queue, m)   # the answer tells whether the queue exists
         if await self._lookup(queue) is None:
             raise channel_error(NOT_FOUND, f"no queue '{queue}'", m)
         self.conn.exchanges.bind(Binding(exchange, queue, m.routing_key or "", freeze_args(m.arguments)))
@@ -450,6 +462,7 @@ class Channel:
 
     async def _queue_delete(self, m: Queue.Delete) -> None:
         queue, _f, _e = self._queue_name(m.queue or "", m)
+        self._authorize("configure", queue, m)
         found = await self._lookup(queue)
         if found == "durable":
             raise channel_error(PRECONDITION_FAILED, f"queue '{queue}' is a durable fluxpg queue shared by every "
@@ -547,7 +560,6 @@ class Channel:
         FIFO), or, in a transaction (entry None), add it to the transaction."""
         exchange = self._exchange_name(m.exchange or "")
         rk = m.routing_key or ""
-        principal = self.conn.principal
         if exchange == "":
             if rk.startswith(QUEUE_PREFIX) or rk.startswith("$dlq/"):
                 topic = rk
@@ -562,6 +574,9 @@ class Channel:
                 except InvalidArgument as exc:
                     raise channel_error(PRECONDITION_FAILED, str(exc), m) from None
                 if verb is not None:
+                    # Acting on entries of the queue: the consume right on the whole queue and
+                    # the group named in the headers, not a publish right.
+                    self._authorize(verb[1], verb[0], m, group=_control_group(verb[1], props))
                     if entry is None:
                         self._tx_control(verb[0], verb[1], props, m)
                     else:
@@ -584,9 +599,7 @@ class Channel:
                     self.conn.write(returned)
             return   # routed nowhere: confirmed (RabbitMQ acks unroutable messages)
         for topic in topics:
-            if principal is not None and not principal.allowed("publish", topic):
-                raise channel_error(ACCESS_REFUSED, f"access to '{topic}' refused for user "
-                                    f"'{principal.username or 'anonymous'}'", m)
+            self._authorize("publish", topic, m)
             try:
                 validate_topic_name(topic)
                 parse_queue_topic(topic) if topic.startswith(QUEUE_PREFIX) else None
@@ -822,19 +835,17 @@ class Channel:
         tag = m.consumer_tag or f"amq.ctag-{uuid.uuid4().hex}"
         if tag in self.consumers:
             raise connection_error(NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'", m)
-        principal = self.conn.principal
-        if principal is not None and not principal.allowed("consume", queue):
-            raise channel_error(ACCESS_REFUSED, f"access to queue '{queue}' refused for user "
-                                f"'{principal.username or 'anonymous'}'", m)
-        found = await self._lookup(queue)
-        if found is None and not explicit:
-            # A bare name must exist (RabbitMQ); `$queue/<name>` may create an ephemeral queue (FluxMQ).
-            raise channel_error(NOT_FOUND, f"no queue '{queue}'", m)
         args = dict(m.arguments or {})
         group, position, auto = self._consume_options(args, m)
         # Default group: the queue name, so the consumers of a queue share its messages (work
         # queue, as in RabbitMQ) and a stream reader resumes from the same checkpoint.
         group = group or queue
+        # The subscription with its filter: the same answer as MQTT and AMQP 1.0 give.
+        self._authorize("consume", subscription(queue, topic_filter), m, group=group)
+        found = await self._lookup(queue)
+        if found is None and not explicit:
+            # A bare name must exist (RabbitMQ); `$queue/<name>` may create an ephemeral queue (FluxMQ).
+            raise channel_error(NOT_FOUND, f"no queue '{queue}'", m)
         consumer = Consumer(tag, queue, "ephemeral" if found != "durable" else self.manager.queue_info(queue).kind,
                             bool(m.no_ack))
         if m.no_ack:
@@ -919,9 +930,7 @@ class Channel:
 
     async def _basic_get(self, m: Basic.Get) -> None:
         queue, topic_filter, _explicit = self._queue_name(m.queue or "", m)
-        principal = self.conn.principal
-        if principal is not None and not principal.allowed("consume", queue):
-            raise channel_error(ACCESS_REFUSED, f"access to queue '{queue}' refused", m)
+        self._authorize("consume", subscription(queue, topic_filter), m, group=queue)
         found = await self._lookup(queue)
         if found is None:
             raise channel_error(NOT_FOUND, f"no queue '{queue}'", m)
@@ -1084,6 +1093,15 @@ _HANDLERS = {
 }
 
 __all__ = ["Channel", "Consumer"]
+
+
+def _control_group(verb: str, props) -> str | None:
+    """The consumer group a control publish names (`x-group-id` for $commit, `group-id` else)."""
+    headers = getattr(props, "headers", None) or {}
+    value = headers.get("x-group-id" if verb == "commit" else "group-id")
+    if isinstance(value, (bytes, bytearray)):
+        value = bytes(value).decode("utf-8", "replace")
+    return value if isinstance(value, str) and value else None
 
 
 def _partition_header(headers: dict, method) -> int:

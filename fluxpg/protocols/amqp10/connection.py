@@ -43,7 +43,7 @@ from proton import Condition, Data, Described, Event, Link, Message, Terminus, s
 from proton import Delivery as PnDelivery
 
 from fluxpg import connections
-from fluxpg.auth import AuthError, OpenAuthenticator, Principal
+from fluxpg.auth import AuthError, OpenAuthenticator, Principal, authorize, subscription
 from fluxpg.config import LimitsConfig
 from fluxpg.protocols.amqp10.engine import EngineEvent, ProtonEngine
 from fluxpg.protocols.amqp10.messages import MessageError, decode, from_delivery, to_log
@@ -445,7 +445,7 @@ class AmqpConnection:
             raise Refused("amqp:not-implemented", "dynamic targets are not supported")
         address = remote.address
         topic = self._publish_topic(address) if address else None
-        if topic is not None and not self.principal.allowed("publish", topic):
+        if topic is not None and not authorize(self.principal, "publish", topic):
             raise Refused("amqp:unauthorized-access", f"not allowed to publish to {address!r}")
         link.target.copy(remote)
         link.source.copy(link.remote_source)
@@ -500,15 +500,15 @@ class AmqpConnection:
                 raise Refused("amqp:invalid-field", f"source filter: {exc}") from None
             topic_filter = source_filter
             applied_filters[filter_key] = filter_value
-        name = f"{QUEUE_PREFIX}{queue}/{topic_filter}" if topic_filter is not None else queue
-        if not self.principal.allowed("consume", name):
-            raise Refused("amqp:unauthorized-access", f"not allowed to consume from {address!r}")
         props = _properties(link.remote_properties)
         conn = link.connection
         # Receivers that name no group share the queue's default group (the queue name, as
         # AMQP 0-9-1 consumers do): they compete for its messages, and a later one resumes where
         # the group is instead of replaying the queue in a group of its own.
         group = props.get("consumer-group") or queue
+        # The subscription with its filter, as the other protocols name it: the same answer.
+        if not authorize(self.principal, "consume", subscription(queue, topic_filter), group=str(group)):
+            raise Refused("amqp:unauthorized-access", f"not allowed to consume from {address!r}")
         position = props.get("cursor")
         if position is not None and not isinstance(position, (str, int)):
             raise Refused("amqp:invalid-field", f"cursor: expected a string or number, got {position!r}")
@@ -773,7 +773,7 @@ class AmqpConnection:
                     raise Refused("amqp:invalid-field",
                                   "message without a `to` address sent on a link without a target address")
                 topic = self._publish_topic(message.address)
-                if not self.principal.allowed("publish", topic):
+                if not authorize(self.principal, "publish", topic):
                     raise Refused("amqp:unauthorized-access", f"not allowed to publish to {message.address!r}")
             try:
                 payload, headers = to_log(message)

@@ -49,6 +49,7 @@ from typing import Any
 
 from fluxpg import connections
 from fluxpg.aio import cancel_and_wait
+from fluxpg.auth import authorize, subscription
 from fluxpg.delivery import Delivery, parse_message_id
 from fluxpg.errors import FluxError, InvalidArgument, PayloadTooLarge, QueueFull, UnknownQueue, WrongQueueKind
 from fluxpg.topics import ack_verb, is_queue_topic, parse_queue_topic, split_queue_subscription
@@ -681,11 +682,9 @@ class Connection:
             raise _Close(RC.NOT_AUTHORIZED if code in ("not-authorized", "forbidden")
                          else RC.BAD_USER_NAME_OR_PASSWORD) from None
 
-    def _allowed(self, action: str, *names: str) -> bool:
-        p = self.principal
-        if p is None:
-            return True
-        return any(p.allowed(action, n) for n in names if n)
+    def _allowed(self, action: str, resource: str, group: str | None = None) -> bool:
+        """fluxpg.auth.authorize: the one decision all protocols share."""
+        return authorize(self.principal, action, resource, group=group)
 
     # --- reading ------------------------------------------------------------------------------
 
@@ -868,7 +867,7 @@ class Connection:
             qt = parse_queue_topic(topic)
         except InvalidArgument as exc:
             return self._refuse(p, RC.TOPIC_NAME_INVALID, str(exc))
-        if not self._allowed("publish", qt.queue, topic):
+        if not self._allowed("publish", topic):
             return self._refuse(p, RC.NOT_AUTHORIZED, f"not allowed to publish to queue {qt.queue!r}")
         headers = _headers(_message_props(p.properties)) if self.v5 else None
         # Started now, in arrival order: the appender commits in the order publishes are handed in.
@@ -879,10 +878,11 @@ class Connection:
         return self._push(task, self._answer(p, "queue"))
 
     def _on_queue_ack(self, p: Publish, topic: str, queue: str, verb: str):
-        if not self._allowed("consume", queue, topic):
-            return self._refuse(p, RC.NOT_AUTHORIZED, f"not allowed to consume from queue {queue!r}")
         up = dict(p.properties.user_properties) if self.v5 else {}
         group = up.get("group-id") or self.default_group
+        # Settling entries needs the consume right on the whole queue and that group.
+        if not self._allowed(verb, queue, group):
+            return self._refuse(p, RC.NOT_AUTHORIZED, f"not allowed to consume from queue {queue!r}")
         try:
             partition = int(up.get("x-stream-partition", 0) or 0)
             if verb == "commit":
@@ -1003,7 +1003,7 @@ class Connection:
                                     s.retain_handling, sid)
         except InvalidArgument as exc:
             return RC.TOPIC_FILTER_INVALID, str(exc)
-        if not self._allowed("consume", opts.inner, s.topic_filter):
+        if not self._allowed("consume", opts.inner, opts.share):
             return RC.NOT_AUTHORIZED, "not authorized"
         new = self.router.add_subscription(self.session, opts)
         if opts.share is None and (opts.retain_handling == 0 or (opts.retain_handling == 1 and new)):
@@ -1015,10 +1015,10 @@ class Connection:
             queue, filt = split_queue_subscription(s.topic_filter)
         except InvalidArgument as exc:
             return RC.TOPIC_FILTER_INVALID, str(exc)
-        if not self._allowed("consume", queue, s.topic_filter):
-            return RC.NOT_AUTHORIZED, "not authorized"
         up = dict(props.user_properties)
         group = up.get("consumer-group") or self.default_group
+        if not self._allowed("consume", subscription(queue, filt), group):
+            return RC.NOT_AUTHORIZED, "not authorized"
         position = up.get("x-stream-offset")
         info = self.manager.queue_info(queue)
         if info is None:

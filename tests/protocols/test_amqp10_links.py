@@ -12,7 +12,7 @@ import time
 import pytest
 from proton import Data, Described, Delivery, Message, Timeout, symbol, ulong
 from proton._message import pn_message_get_content_type
-from proton.handlers import MessagingHandler
+from proton.handlers import MessagingHandler, TransactionHandler
 from proton.reactor import Container
 
 from fluxpg.config import QueueConfig
@@ -321,3 +321,149 @@ def test_unset_content_type_stays_unset(threaded_broker, qname):
                 break
         ch.cancel()
     assert seen == [(b"plain", None), (b"typed", "text/plain")]
+
+
+# ------------------------------------------------------------------------------------ transactions
+
+
+class _TxClient(MessagingHandler, TransactionHandler):
+    """Runs `steps` (functions of (client, transaction)) one transaction each, in order; every
+    step ends its transaction with commit() or abort(). Records how each ended."""
+
+    def __init__(self, url: str, address: str, steps, receive: int = 0):
+        super().__init__(prefetch=0, auto_accept=False)
+        self.url, self.address, self.steps, self.receive = url, address, list(steps), receive
+        self.ended: list[str] = []
+        self.messages: list = []
+        self.deliveries: list = []
+        self.done = threading.Event()
+        self.error: str | None = None
+
+    def on_start(self, event):
+        self.container = event.container
+        self.conn = event.container.connect(self.url)
+        self.sender = event.container.create_sender(self.conn, self.address)
+        if self.receive:
+            self.receiver = event.container.create_receiver(self.conn, self.address)
+            self.receiver.flow(self.receive)
+        else:
+            self._next()
+
+    def on_message(self, event):
+        self.messages.append(event.message.body)
+        self.deliveries.append(event.delivery)
+        if len(self.messages) == self.receive:
+            self._next()
+
+    def _next(self):
+        if self.steps:
+            self.container.declare_transaction(self.conn, handler=self)
+        else:
+            self.conn.close()
+
+    def on_transaction_declared(self, event):
+        self.steps.pop(0)(self, event.transaction)
+
+    def on_transaction_declare_failed(self, event):
+        self.error = f"declare failed: {event.delivery.remote.condition}"
+        self.conn.close()
+
+    def on_transaction_committed(self, event):
+        self.ended.append("committed")
+        self._next()
+
+    def on_transaction_aborted(self, event):
+        self.ended.append("aborted")
+        self._next()
+
+    def on_transaction_commit_failed(self, event):
+        self.ended.append("commit failed")
+        self._next()
+
+    def on_link_error(self, event):
+        self.error = str(event.link.remote_condition)
+
+    def on_connection_closed(self, event):
+        self.done.set()
+
+    def on_transport_error(self, event):
+        self.error = self.error or str(event.transport.condition)
+        self.done.set()
+
+
+def run_client(client) -> None:
+    thread = threading.Thread(target=Container(client).run, daemon=True)
+    thread.start()
+    assert client.done.wait(30), "transaction client did not finish"
+    thread.join(5)
+    assert client.error is None, client.error
+
+
+def test_transactional_posts_take_effect_at_commit_only(threaded_broker, qname):
+    srv = threaded_broker([QueueConfig(name=qname)])
+
+    def send(bodies, end):
+        def step(client, tx):
+            for body in bodies:
+                tx.send(client.sender, Message(body=body))
+            # nothing of this transaction is in the log before its discharge
+            client.before_discharge.append(len(log_rows(srv, qname)))
+            getattr(tx, end)()
+        return step
+
+    client = _TxClient(url(srv), qname, [send(["a1", "a2", "a3"], "abort"), send(["c1", "c2"], "commit"),
+                                         send(["a4"], "abort")])
+    client.before_discharge = []
+    run_client(client)
+    assert client.ended == ["aborted", "committed", "aborted"]
+    assert client.before_discharge == [0, 0, 2]
+    conn = connect(srv)
+    try:
+        rcv = conn.create_receiver(qname, credit=10)
+        assert [rcv.receive(timeout=10).body for _ in range(2)] == ["c1", "c2"]
+        rcv.accept()
+        with pytest.raises(Timeout):
+            rcv.receive(timeout=0.5)
+    finally:
+        conn.close()
+    assert len(log_rows(srv, qname)) == 2
+
+
+def test_transactional_acceptance_acks_at_commit_and_not_on_abort(threaded_broker, qname):
+    srv = threaded_broker([QueueConfig(name=qname, retry={"initial_backoff": "100ms"})])
+    conn = connect(srv)
+    try:
+        snd = conn.create_sender(qname)
+        for body in ("m0", "m1", "m2"):
+            snd.send(Message(body=body))
+    finally:
+        conn.close()
+
+    def accept(indexes, end):
+        def step(client, tx):
+            for i in indexes:
+                tx.accept(client.deliveries[i])
+            getattr(tx, end)()
+        return step
+
+    # m0 accepted and rolled back (the client releases it), m1 accepted and committed
+    client = _TxClient(url(srv), qname, [accept([0], "abort"), accept([1], "commit")], receive=3)
+    run_client(client)
+    assert client.messages == ["m0", "m1", "m2"]
+    assert client.ended == ["aborted", "committed"]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        pending = sorted(r["seq"] for r in srv.call(srv.manager.pending_entries(qname, qname)))
+        if 1 not in pending:
+            break
+        time.sleep(0.1)
+    # m1 is acknowledged; m0 was released by the abort (it is delivered again), m2 was never
+    # settled and stays pending until the visibility timeout
+    assert pending == [0, 2]
+    conn = connect(srv)
+    try:
+        rcv = conn.create_receiver(qname, credit=1)
+        assert rcv.receive(timeout=10).body == "m0"
+        rcv.accept()
+    finally:
+        conn.close()

@@ -20,6 +20,11 @@ Life of a connection:
      mirrors it). snd-settle-mode `settled` is at-most-once: the message is acknowledged when sent.
      Client dispositions: Accepted → ack, Released → nack, Rejected → reject (DLQ),
      Modified(undeliverable-here) → reject, other Modified → nack.
+   - A coordinator link (local transactions, spec part 4): declare → a Transaction of
+     queues/transactions.py; transfers and dispositions carrying its transactional-state collect
+     there and take effect in one PostgreSQL transaction at discharge (or not at all: fail=true,
+     or a commit error → Rejected amqp:transaction:rollback). Our deliveries a transaction
+     settles stay unsettled until its discharge commits.
 3. Heartbeats: proton's idle timeout both ways (`IDLE_TIMEOUT` ours, the client's as it asks).
 
 Ordering: events are handled one at a time in the order proton reports them; a consumer attach
@@ -39,7 +44,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from proton import Condition, Data, Described, Event, Link, Message, Terminus, symbol
+from proton import Condition, Data, Described, Event, Link, Message, Terminus, symbol, ulong
 from proton import Delivery as PnDelivery
 
 from fluxpg import connections
@@ -61,6 +66,15 @@ IDLE_TIMEOUT = 60.0          # seconds; a client silent this long is disconnecte
 SASL_TIMEOUT = 30.0          # seconds to finish the SASL exchange
 CLOSE_GRACE = 2.0            # seconds to wait for the client's close after ours
 PUBLISH_WINDOW = 256         # credit given to a publishing link (unconfirmed publishes in flight)
+COORDINATOR_CREDIT = 16      # control messages (declare / discharge) a coordinator link may have in flight
+MAX_TRANSACTIONS = 64        # transactions open at once on one connection
+
+# Transaction control (spec part 4): descriptors as codes and as the symbols proton sends.
+DECLARE = {0x31, "amqp:declare:list"}
+DISCHARGE = {0x32, "amqp:discharge:list"}
+DECLARED = 0x33
+TRANSACTIONAL_STATE = 0x34
+OUTCOMES = {0x24: "accepted", 0x25: "rejected", 0x26: "released", 0x27: "modified"}
 MAX_FRAME_SIZE = 1024 * 1024
 # A queue's max_message_size bounds the payload; the encoded message also carries its properties,
 # annotations and section headers. A message whose encoding exceeds the limit by more than this is
@@ -132,6 +146,18 @@ class _Publisher:
     closed: bool = False
 
 
+@dataclass(eq=False)
+class _Txn:
+    """One declared local transaction (a coordinator's declare … discharge): its publishes and
+    settlements collect in a queues.transactions.Transaction and take effect in ONE PostgreSQL
+    transaction at discharge, or not at all."""
+
+    id: bytes
+    tx: Any
+    posts: list[PnDelivery] = field(default_factory=list)          # transfers to settle at discharge
+    settles: list[tuple[_Consumer, str, PnDelivery]] = field(default_factory=list)  # our deliveries it settles
+
+
 async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, initial: bytes, ctx) -> None:
     """The listener's entry point: `initial` is the 8-byte AMQP 1.0 header (plain or SASL)."""
     await AmqpConnection(reader, writer, ctx).run(initial)
@@ -159,6 +185,9 @@ class AmqpConnection:
         self.engine = ProtonEngine(container_id=container, idle_timeout=IDLE_TIMEOUT, max_frame_size=MAX_FRAME_SIZE)
         self.consumers: dict[Link, _Consumer] = {}
         self.publishers: dict[Link, _Publisher] = {}
+        self.coordinators: dict[Link, _Publisher] = {}
+        self.transactions: dict[bytes, _Txn] = {}
+        self._txn_ids = 0
         self._wake = asyncio.Event()
         self._closed = False
         self._tasks: set[asyncio.Task] = set()
@@ -395,6 +424,8 @@ class AmqpConnection:
                 publisher = self.publishers.get(link)
                 if publisher is not None:
                     self._on_transfer(publisher, ev.delivery)
+                elif link in self.coordinators:
+                    self._on_control(self.coordinators[link], ev.delivery)
             else:
                 consumer = self.consumers.get(link)
                 if consumer is not None:
@@ -440,7 +471,8 @@ class AmqpConnection:
     def _attach_publisher(self, link: Link) -> None:
         remote = link.remote_target
         if remote.type == Terminus.COORDINATOR:
-            raise Refused("amqp:not-implemented", "local transactions (coordinator links) are not supported")
+            self._attach_coordinator(link)
+            return
         if remote.dynamic:
             raise Refused("amqp:not-implemented", "dynamic targets are not supported")
         address = remote.address
@@ -454,6 +486,15 @@ class AmqpConnection:
         link.open()
         self.publishers[link] = _Publisher(link, topic)
         link.flow(PUBLISH_WINDOW)
+
+    def _attach_coordinator(self, link: Link) -> None:
+        """A transaction controller: local transactions only (spec 4.3)."""
+        link.target.copy(link.remote_target)
+        link.source.copy(link.remote_source)
+        link.rcv_settle_mode = Link.RCV_FIRST
+        link.open()
+        self.coordinators[link] = _Publisher(link, None)
+        link.flow(COORDINATOR_CREDIT)
 
     @staticmethod
     def _publish_topic(address: str) -> str:
@@ -548,7 +589,7 @@ class AmqpConnection:
         consumer = self.consumers.pop(link, None)
         if consumer is not None:
             await self._close_consumer(consumer)
-        publisher = self.publishers.pop(link, None)
+        publisher = self.publishers.pop(link, None) or self.coordinators.pop(link, None)
         if publisher is not None:
             publisher.closed = True
             if publisher.buffer is not None:
@@ -648,6 +689,9 @@ class AmqpConnection:
         state = dlv.remote_state
         if state == PnDelivery.RECEIVED or (state is None and not dlv.settled):
             return  # not an outcome yet
+        if state == TRANSACTIONAL_STATE:
+            self._transactional_disposition(consumer, dlv, delivery)
+            return
         del consumer.unsettled[dlv.tag]
         if state == PnDelivery.ACCEPTED or state is None:
             # settled without an outcome: the client took it (AMQP default outcome is accepted
@@ -780,6 +824,19 @@ class AmqpConnection:
             except MessageError as exc:
                 raise Refused("amqp:decode-error", str(exc)) from None
             del buffer, message
+            txn = self._transaction_of(dlv)
+            if txn is not None:
+                # A transactional post: validated and routed now, written at discharge.
+                self._release_inbound(size)
+                try:
+                    txn.tx.publish(topic, payload, headers)
+                except FluxError as exc:
+                    raise Refused(_condition(exc).name, str(exc)) from None
+                dlv.local.data = [txn.id, Described(ulong(0x24), [])]
+                dlv.update(TRANSACTIONAL_STATE)
+                txn.posts.append(dlv)
+                self._top_up(publisher)
+                return
         except Refused as exc:
             self._release_inbound(size)
             log.info("amqp10 %s: message refused: %s", self.peer, exc)
@@ -821,6 +878,143 @@ class AmqpConnection:
         dlv.settle()
         self._top_up(publisher)
         self._kick()
+
+    # ------------------------------------------------------------------------------ transactions
+
+    def _transaction_of(self, dlv: PnDelivery) -> _Txn | None:
+        """The transaction a transfer or disposition names in its transactional-state, if any.
+        Raises Refused for an id that was never declared (or is discharged)."""
+        if dlv.remote_state != TRANSACTIONAL_STATE:
+            return None
+        data = dlv.remote.data or []
+        txn_id = bytes(data[0]) if data and data[0] is not None else b""
+        txn = self.transactions.get(txn_id)
+        if txn is None:
+            raise Refused("amqp:transaction:unknown-id", f"unknown transaction {txn_id!r}")
+        return txn
+
+    def _transactional_disposition(self, consumer: _Consumer, dlv: PnDelivery, delivery: Delivery) -> None:
+        """The client settles one of our deliveries inside a transaction: the outcome is applied
+        at discharge. The delivery stays unsettled until then (a failed transaction leaves it
+        with the client, which releases it)."""
+        try:
+            txn = self._transaction_of(dlv)
+        except Refused as exc:
+            log.info("amqp10 %s: %s", self.peer, exc)
+            return
+        data = dlv.remote.data or []
+        outcome = data[1] if len(data) > 1 else None
+        code = int(outcome.descriptor) if isinstance(outcome, Described) and isinstance(outcome.descriptor, int) \
+            else None
+        verb = OUTCOMES.get(code, "accepted")
+        args = (delivery.queue, delivery.group, [delivery.seq])
+        if verb == "accepted":
+            txn.tx.ack(*args, partition=delivery.partition)
+        elif verb == "rejected":
+            txn.tx.reject(*args, reason="rejected", partition=delivery.partition)
+        elif verb == "modified" and isinstance(outcome.value, list) and len(outcome.value) > 1 \
+                and outcome.value[1]:
+            txn.tx.reject(*args, reason="modified: undeliverable-here", partition=delivery.partition)
+        else:
+            txn.tx.nack(*args, partition=delivery.partition)
+        txn.settles.append((consumer, dlv.tag, dlv))
+
+    def _on_control(self, coordinator: _Publisher, dlv: PnDelivery) -> None:
+        """A declare or discharge on a coordinator link."""
+        link = coordinator.link
+        if not dlv.readable:
+            return
+        buffer = coordinator.buffer if coordinator.buffer is not None else bytearray()
+        while True:
+            chunk = link.recv(max(dlv.pending, 1))
+            if not chunk:
+                break
+            buffer += chunk
+            if len(buffer) > ENVELOPE_ALLOWANCE:
+                buffer = bytearray()
+                coordinator.refused = Refused("amqp:decode-error", "transaction control message too large")
+        if dlv.partial:
+            coordinator.buffer = buffer
+            return
+        refused, coordinator.buffer, coordinator.refused = coordinator.refused, None, None
+        link.advance()
+        try:
+            if refused is not None:
+                raise refused
+            try:
+                body = decode(bytes(buffer)).body
+            except MessageError as exc:
+                raise Refused("amqp:decode-error", str(exc)) from None
+            descriptor = body.descriptor if isinstance(body, Described) else None
+            descriptor = int(descriptor) if isinstance(descriptor, int) else str(descriptor)
+            fields = body.value if isinstance(body, Described) and isinstance(body.value, list) else []
+            if descriptor in DECLARE:
+                if len(self.transactions) >= MAX_TRANSACTIONS:
+                    raise Refused("amqp:resource-limit-exceeded",
+                                  f"at most {MAX_TRANSACTIONS} open transactions per connection")
+                if fields and fields[0] is not None:
+                    raise Refused("amqp:transaction:unknown-id", "global transactions are not supported")
+                self._txn_ids += 1
+                txn_id = str(self._txn_ids).encode()
+                self.transactions[txn_id] = _Txn(txn_id, self.manager.transaction())
+                dlv.local.data = [txn_id]
+                dlv.update(DECLARED)
+                dlv.settle()
+            elif descriptor in DISCHARGE:
+                txn_id = bytes(fields[0]) if fields and fields[0] is not None else b""
+                txn = self.transactions.pop(txn_id, None)
+                if txn is None:
+                    raise Refused("amqp:transaction:unknown-id", f"unknown transaction {txn_id!r}")
+                fail = bool(fields[1]) if len(fields) > 1 else False
+                task = asyncio.ensure_future(self._discharge(coordinator, dlv, txn, fail))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+                return
+            else:
+                raise Refused("amqp:decode-error", f"a coordinator takes declare or discharge, not {body!r:.80}")
+        except Refused as exc:
+            log.info("amqp10 %s: transaction control refused: %s", self.peer, exc)
+            dlv.local.condition = exc.condition
+            dlv.update(PnDelivery.REJECTED)
+            dlv.settle()
+        self._top_up_coordinator(coordinator)
+
+    async def _discharge(self, coordinator: _Publisher, dlv: PnDelivery, txn: _Txn, fail: bool) -> None:
+        error: BaseException | None = None
+        if fail:
+            txn.tx.rollback()
+        else:
+            try:
+                await txn.tx.commit()
+            except FluxError as exc:
+                error = exc
+            except Exception as exc:  # noqa: BLE001 - nothing was applied; tell the client
+                log.exception("amqp10 %s: commit of transaction %r failed", self.peer, txn.id)
+                error = exc
+        if self._closed:
+            return
+        for post in txn.posts:
+            post.settle()
+        if not fail and error is None:
+            # Its settlements took effect: settle our deliveries (a failed or rolled back
+            # transaction leaves them with the client, as the spec says).
+            for consumer, tag, settled in txn.settles:
+                if consumer.unsettled.pop(tag, None) is not None:
+                    settled.settle()
+        if error is None:
+            dlv.update(PnDelivery.ACCEPTED)
+        else:
+            log.info("amqp10 %s: transaction %r rolled back: %s", self.peer, txn.id, error)
+            dlv.local.condition = Condition("amqp:transaction:rollback", str(error))
+            dlv.update(PnDelivery.REJECTED)
+        dlv.settle()
+        self._top_up_coordinator(coordinator)
+        self._kick()
+
+    def _top_up_coordinator(self, coordinator: _Publisher) -> None:
+        link = coordinator.link
+        if not coordinator.closed and not link.state & link.LOCAL_CLOSED and link.credit < COORDINATOR_CREDIT // 2:
+            link.flow(COORDINATOR_CREDIT - link.credit)
 
     def _top_up(self, publisher: _Publisher) -> None:
         """Keep credit + unconfirmed publishes ≤ PUBLISH_WINDOW (back-pressure on a fast sender),

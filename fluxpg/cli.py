@@ -61,8 +61,8 @@ app = typer.Typer(
 stdout = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)
 stderr = Console(stderr=True, soft_wrap=True)
 
-LISTENERS = ("mqtt", "amqp", "amqp091", "http")
-LISTENER_TITLES = {"mqtt": "MQTT", "amqp": "AMQP 1.0", "amqp091": "AMQP 0-9-1", "http": "HTTP admin"}
+LISTENERS = ("mqtt", "amqp", "amqp091", "http", "ws")
+LISTENER_TITLES = {"mqtt": "MQTT", "amqp": "AMQP 1.0", "amqp091": "AMQP 0-9-1", "http": "HTTP admin", "ws": "MQTT over WebSocket"}
 CONNECT_TIMEOUT = 10.0
 # How long a starting worker may take to report ready; one that does not, or exits first, failed to start.
 WORKER_READY_TIMEOUT = 120.0
@@ -511,6 +511,8 @@ def serve(
                        help="AMQP 0-9-1 listener (default 0.0.0.0:5682); 'off' disables it.")] = None,
     http: Annotated[Optional[str], typer.Option("--http", metavar="HOST:PORT", show_default=False,
                     help="HTTP admin/metrics listener (default 0.0.0.0:8082); 'off' disables it.")] = None,
+    ws: Annotated[Optional[str], typer.Option("--ws", metavar="HOST:PORT", show_default=False,
+                  help="MQTT over WebSocket listener (default listeners.ws, off).")] = None,
     data_dir: DataDirOpt = None,
     workers: Annotated[int, typer.Option("--workers", "-w", min=1, metavar="N",
                        help="Broker processes sharing the ports (SO_REUSEPORT); the parent supervises them.")] = 1,
@@ -522,7 +524,7 @@ def serve(
     STATE.verbose = STATE.verbose or verbose
     setup_logging(STATE.verbose, worker)
     config = _load_config(config_file)
-    overrides = _address_overrides(mqtt=mqtt, amqp=amqp, amqp091=amqp091, http=http)
+    overrides = _address_overrides(mqtt=mqtt, amqp=amqp, amqp091=amqp091, http=http, ws=ws)
     listeners = _effective_listeners(config, overrides)
     dsn = dsn or config.database.dsn  # load_config already put FLUXPG_DSN there
     if worker is not None:

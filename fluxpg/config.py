@@ -259,6 +259,8 @@ class ListenersConfig(_Strict):
     amqp: Address = "0.0.0.0:5672"  # AMQP 1.0
     amqp091: Address = "0.0.0.0:5682"
     http: Address = "0.0.0.0:8082"
+    # MQTT over WebSocket on a port of its own (off unless set; TLS from `tls:` makes it wss).
+    ws: Address = None
 
     def addresses(self) -> dict[str, tuple[str, int]]:
         """The enabled listeners: name → (host, port)."""
@@ -549,7 +551,7 @@ class TlsConfig(_Strict):
     # CA bundle to verify client certificates against (needed for require_client_cert).
     ca_file: str | None = None
     require_client_cert: bool = False
-    listeners: list[Literal["mqtt", "amqp", "amqp091", "http"]] | None = None
+    listeners: list[Literal["mqtt", "amqp", "amqp091", "http", "ws"]] | None = None
 
     @model_validator(mode="after")
     def _client_certs(self) -> TlsConfig:

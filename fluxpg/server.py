@@ -13,7 +13,7 @@ from fluxpg.queues.manager import QueueManager
 
 log = logging.getLogger("fluxpg.server")
 
-LISTENER_NAMES = ("mqtt", "amqp", "amqp091", "http")
+LISTENER_NAMES = ("mqtt", "amqp", "amqp091", "http", "ws")
 
 
 class Server:
@@ -41,7 +41,13 @@ class Server:
                     continue
                 host, port = parse_address(address)
                 listener_ssl = ssl or (tls if tls is not None and config.tls.applies_to(name) else None)
-                listener = Listener(name, host, port, server.ctx, ssl=listener_ssl, reuse_port=reuse_port)
+                if name == "ws":
+                    # MQTT over WebSocket: an HTTP upgrade, not a sniffed TCP protocol.
+                    from fluxpg.protocols.mqtt.websocket import WebSocketListener
+                    listener = WebSocketListener(name, host, port, server.ctx, ssl=listener_ssl,
+                                                 reuse_port=reuse_port)
+                else:
+                    listener = Listener(name, host, port, server.ctx, ssl=listener_ssl, reuse_port=reuse_port)
                 await listener.start()
                 server.listeners[name] = listener
         except BaseException:

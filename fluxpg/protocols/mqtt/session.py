@@ -6,9 +6,10 @@ Ordering. One ordered pipeline per connection (FACTS.md): the read loop decodes 
 order and starts each publish at once -- queue appends are handed to the engine's appender in
 arrival order, which commits them in that order -- then puts "await this, then answer that" items
 on a queue that one task works through in order. So several publishes are in flight together
-(group commit), yet PUBACK/PUBREC go out in publish order and only after the commit. SUBSCRIBE and
-UNSUBSCRIBE are pipeline items too, so a SUBSCRIBE sees the retained message the same client
-published just before it.
+(group commit), yet PUBACK/PUBREC go out in publish order and only after the commit. A plain
+SUBSCRIBE/UNSUBSCRIBE takes effect in the read loop as soon as it is decoded (no window in which
+another client's message is lost); SUBACK/UNSUBACK and the retained-message read are pipeline items,
+so a SUBSCRIBE sees the retained message the same client published just before it.
 
 Queues (`$queue/<q>/…`, DESIGN §4):
 * PUBLISH → QueueManager.publish; a failed append is answered with a v5 reason code (0x97 quota
@@ -961,21 +962,31 @@ class Connection:
     # -- SUBSCRIBE / UNSUBSCRIBE --
 
     def _on_subscribe(self, p: Subscribe):
-        return self._push(None, None, run=lambda: self._subscribe(p))
-
-    async def _subscribe(self, p: Subscribe) -> None:
-        sess = self.session
+        # Plain subscriptions are registered here, in the read loop, the moment the SUBSCRIBE is
+        # decoded: a message another client publishes after this point is delivered even if it
+        # arrives before our SUBACK (§3.8.4 allows PUBLISH before SUBACK). Waiting for the
+        # pipeline would leave a window in which such messages were lost. `$queue/` subscriptions
+        # need the database and are opened in the pipeline; retained messages are read there too.
         sid = p.properties.subscription_identifiers[0] if p.properties.subscription_identifiers else None
-        codes: list[ReasonCode] = []
-        reasons: list[str] = []
+        plain: dict[int, tuple[ReasonCode, str]] = {}
         retained: list[tuple[Any, bool]] = []
         shared = False
-        for s in p.subscriptions:
-            if s.topic_filter.startswith("$queue/"):
-                rc, why = await self._subscribe_queue(s, p.properties, sid)
-            else:
+        for i, s in enumerate(p.subscriptions):
+            if not s.topic_filter.startswith("$queue/"):
                 rc, why = self._subscribe_plain(s, sid, retained)
+                plain[i] = (rc, why)
                 shared = shared or (s.topic_filter.startswith("$share/") and rc < 0x80)
+        return self._push(None, None, run=lambda: self._subscribe(p, sid, plain, retained, shared))
+
+    async def _subscribe(self, p: Subscribe, sid: int | None, plain: dict, retained: list, shared: bool) -> None:
+        sess = self.session
+        codes: list[ReasonCode] = []
+        reasons: list[str] = []
+        for i, s in enumerate(p.subscriptions):
+            if i in plain:
+                rc, why = plain[i]
+            else:
+                rc, why = await self._subscribe_queue(s, p.properties, sid)
             codes.append(rc)
             if why:
                 reasons.append(f"{s.topic_filter}: {why}")
@@ -1043,17 +1054,25 @@ class Connection:
         return max(1, min(self.send_quota, self.opt.queue_credit_cap))
 
     def _on_unsubscribe(self, p: Unsubscribe):
-        return self._push(None, None, run=lambda: self._unsubscribe(p))
+        # Plain filters are removed at once, in read order with _on_subscribe (an UNSUBSCRIBE
+        # followed by a SUBSCRIBE of the same filter must leave it subscribed).
+        sess = self.session
+        plain: dict[int, ReasonCode] = {}
+        for i, f in enumerate(p.topic_filters):
+            if f not in sess.queue_subs:
+                plain[i] = RC.SUCCESS if self.router.remove_subscription(sess, f) else RC.NO_SUBSCRIPTION_EXISTED
+        return self._push(None, None, run=lambda: self._unsubscribe(p, plain))
 
-    async def _unsubscribe(self, p: Unsubscribe) -> None:
+    async def _unsubscribe(self, p: Unsubscribe, plain: dict) -> None:
         sess = self.session
         codes = []
-        for f in p.topic_filters:
+        for i, f in enumerate(p.topic_filters):
+            if i in plain:
+                codes.append(plain[i])
+                continue
             qsub = sess.queue_subs.pop(f, None)
             if qsub is not None:
                 await qsub.close()
-                codes.append(RC.SUCCESS)
-            elif self.router.remove_subscription(sess, f):
                 codes.append(RC.SUCCESS)
             else:
                 codes.append(RC.NO_SUBSCRIPTION_EXISTED)

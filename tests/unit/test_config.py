@@ -60,6 +60,7 @@ def test_defaults_are_fluxmqs():
         "amqp": "0.0.0.0:5672",
         "amqp091": "0.0.0.0:5682",
         "http": "0.0.0.0:8082",
+        "ws": None,      # MQTT over WebSocket: off unless configured
     }
     qm = c.queue_manager
     assert qm.auto_commit_interval == timedelta(seconds=5)

@@ -333,6 +333,8 @@ class DlqConfig(_Strict):
 
 class RetentionConfig(_Strict):
     # Applied to stream queues; classic queues are trimmed by acknowledgement and message_ttl.
+    # The default max_age depends on the kind (QueueConfig sets 0 for classic queues), as in SQL's
+    # fluxpg.default_settings(kind), the one definition of every default.
     max_age: Duration = timedelta(hours=168)  # 0 = unlimited
     max_length_bytes: int = Field(0, ge=0)  # 0 = unlimited
     max_length_messages: int = Field(0, ge=0)  # 0 = unlimited
@@ -394,6 +396,11 @@ class QueueConfig(_Strict):
         if self.topics is None:
             # Assign via __dict__: validate_assignment would re-run this validator recursively.
             self.__dict__["topics"] = [f"{QUEUE_PREFIX}{self.name}/#"]
+        if self.type == "classic" and "max_age" not in self.retention.model_fields_set:
+            # fluxpg.default_settings('classic'): no age limit (acks trim classic queues).
+            self.retention.__dict__["max_age"] = timedelta(0)
+        if self.dlq.topic == self.name:
+            raise ValueError(f"dlq.topic of queue {self.name!r} names the queue itself")
         return self
 
     @property
@@ -407,9 +414,7 @@ class QueueConfig(_Strict):
         """The JSON stored in `fluxpg.queues.settings` (DESIGN §3), every default filled in."""
         qm = queue_manager if queue_manager is not None else QueueManagerConfig()
         dumped = self.model_dump(mode="json")
-        dlq = dumped["dlq"]
-        if not dlq["topic"]:
-            dlq["topic"] = dlq_name(self.name)
+        dlq = dumped["dlq"]  # topic "" = $dlq/<name>, resolved by SQL (fluxpg.dlq_name)
         return {
             "limits": dumped["limits"],
             "retry": dumped["retry"],

@@ -19,6 +19,7 @@ Errors are `fluxpg.errors.InvalidArgument` with a message fit to show a client.
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Hashable, Iterator
 from functools import lru_cache
 from typing import Generic, NamedTuple, TypeVar
@@ -157,8 +158,10 @@ def is_queue_topic(topic: str) -> bool:
 def validate_queue_name(name: str, *, allow_dlq: bool = False) -> str:
     """Check a queue name; returns it unchanged.
 
-    A name is 1–200 characters without `/`, `+`, `#` or NUL and does not start with `$` (reserved
-    for the broker's own queues). With `allow_dlq`, `$dlq/<name>` (a dead-letter queue) is accepted.
+    The rule is SQL's `fluxpg.queue_name_error` (tests/integration/test_one_truth.py checks that
+    both agree): 1–200 characters without `/`, `+`, `#` or control characters, no leading or
+    trailing space, not starting with `$` (reserved for the broker's own queues). With
+    `allow_dlq`, `$dlq/<name>` (a dead-letter queue) is accepted.
     """
     if not isinstance(name, str):
         raise InvalidArgument(f"queue name must be a string, got {type(name).__name__}")
@@ -171,9 +174,13 @@ def validate_queue_name(name: str, *, allow_dlq: bool = False) -> str:
         raise InvalidArgument(
             f"queue name {name[:40]!r}… is {len(name)} characters, at most {MAX_QUEUE_NAME_LENGTH}"
         )
-    for bad, what in (("/", "'/'"), ("+", "the wildcard '+'"), ("#", "the wildcard '#'"), ("\x00", "NUL")):
+    for bad, what in (("/", "'/'"), ("+", "the wildcard '+'"), ("#", "the wildcard '#'")):
         if bad in name:
             raise InvalidArgument(f"queue name {name!r} must not contain {what}")
+    if _CONTROL.search(name):
+        raise InvalidArgument(f"queue name {name!r} must not contain control characters")
+    if name[0] == " " or name[-1] == " ":
+        raise InvalidArgument(f"queue name {name!r} must not start or end with a space")
     if name.startswith("$"):
         raise InvalidArgument(
             f"queue name {name!r} must not start with '$' (reserved, e.g. for $dlq/<queue>)"
@@ -182,6 +189,34 @@ def validate_queue_name(name: str, *, allow_dlq: bool = False) -> str:
         name.encode("utf-8")
     except UnicodeEncodeError:
         raise InvalidArgument(f"queue name {name!r} is not valid UTF-8") from None
+    return name
+
+
+# C0 control characters and DEL: never part of a queue or group name (SQL: [\x01-\x1f\x7f]; NUL
+# cannot reach PostgreSQL text at all).
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
+MAX_GROUP_NAME_LENGTH = 400
+
+
+def validate_group_name(name: str) -> str:
+    """Check a consumer group's internal name (`group` or `group@filter`); returns it unchanged.
+
+    SQL's `fluxpg.group_name_error` is the rule (checked against this by test_one_truth.py): at
+    most 400 characters, a non-empty group part without leading or trailing spaces, no control
+    characters.
+    """
+    if not isinstance(name, str):
+        raise InvalidArgument(f"consumer group must be a string, got {type(name).__name__}")
+    group = name.partition("@")[0]
+    if not group:
+        raise InvalidArgument(f"consumer group {name!r} must not be empty")
+    if len(name) > MAX_GROUP_NAME_LENGTH:
+        raise InvalidArgument(f"consumer group {name[:40]!r}… is {len(name)} characters, at most "
+                              f"{MAX_GROUP_NAME_LENGTH}")
+    if _CONTROL.search(name):
+        raise InvalidArgument(f"consumer group {name!r} must not contain control characters")
+    if group[0] == " " or group[-1] == " ":
+        raise InvalidArgument(f"consumer group {name!r} must not start or end with a space")
     return name
 
 
@@ -287,11 +322,7 @@ def internal_group_name(group: str, topic_filter: str | None) -> str:
         raise InvalidArgument("consumer group must be a non-empty string")
     if "@" in group:
         raise InvalidArgument(f"consumer group {group!r} must not contain '@'")
-    if "\x00" in group:
-        raise InvalidArgument(f"consumer group {group!r} contains a NUL character")
-    if topic_filter is None:
-        return group
-    return f"{group}@{topic_filter}"
+    return validate_group_name(group if topic_filter is None else f"{group}@{topic_filter}")
 
 
 def parse_internal_group(name: str) -> tuple[str, str | None]:

@@ -14,7 +14,7 @@ LANGUAGE sql IMMUTABLE AS $$
     'limits', jsonb_build_object('max_message_size', 10485760, 'max_depth', 100000, 'message_ttl', '168h'),
     'retry', jsonb_build_object('max_retries', 10, 'initial_backoff', '5s', 'max_backoff', '5m', 'multiplier', 2.0),
     'dlq', jsonb_build_object('enabled', true, 'topic', ''),
-    'retention', jsonb_build_object('max_age', CASE WHEN kind = 'stream' THEN '168h' ELSE '0' END,
+    'retention', jsonb_build_object('max_age', CASE WHEN kind = 'stream' THEN '168h' ELSE '0s' END,
                                     'max_length_bytes', 0, 'max_length_messages', 0),
     'delivery', jsonb_build_object('visibility_timeout', '30s', 'max_pending', 100000,
                                    'auto_commit_interval', '5s', 'member_timeout', '30s', 'max_groups', 50),
@@ -103,6 +103,40 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT max(s) FROM unnest(seqs) s $$;
 CREATE OR REPLACE FUNCTION fluxpg._raise(code text, msg text) RETURNS void
 LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION USING ERRCODE = code, MESSAGE = msg; END $$;
 
+-- Queue and consumer-group name rules: defined here only. Python's validate_queue_name and
+-- validate_group_name (fluxpg/topics.py) mirror them for offline checks (config files, wire
+-- input before a round trip); tests/integration/test_one_truth.py feeds both the same names.
+-- NULL = valid, else the reason.
+CREATE OR REPLACE FUNCTION fluxpg.queue_name_error(name text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+DECLARE
+  base text := name;
+BEGIN
+  IF base LIKE '$dlq/%' THEN base := substr(base, 6); END IF;  -- a dead-letter queue $dlq/<name>
+  IF base IS NULL OR base = '' THEN RETURN 'must not be empty'; END IF;
+  IF length(base) > 200 THEN RETURN format('is %s characters, at most 200', length(base)); END IF;
+  IF base ~ '[/+#]' THEN RETURN 'must not contain /, + or #'; END IF;
+  IF base ~ '[\x01-\x1f\x7f]' THEN RETURN 'must not contain control characters'; END IF;
+  IF left(base, 1) = ' ' OR right(base, 1) = ' ' THEN RETURN 'must not start or end with a space'; END IF;
+  IF left(base, 1) = '$' THEN RETURN 'must not start with $ (reserved, e.g. for $dlq/<queue>)'; END IF;
+  RETURN NULL;
+END $$;
+COMMENT ON FUNCTION fluxpg.queue_name_error(text) IS 'Why a queue name is invalid, NULL when it is valid: 1-200 characters without /, +, #, control characters, leading or trailing spaces or a leading $ (after an optional $dlq/ prefix)';
+
+-- A group's internal name is `group` or `group@filter` (DESIGN §2).
+CREATE OR REPLACE FUNCTION fluxpg.group_name_error(grp text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+DECLARE
+  part text := split_part(grp, '@', 1);
+BEGIN
+  IF grp IS NULL OR part = '' THEN RETURN 'must not be empty'; END IF;
+  IF length(grp) > 400 THEN RETURN format('is %s characters, at most 400', length(grp)); END IF;
+  IF grp ~ '[\x01-\x1f\x7f]' THEN RETURN 'must not contain control characters'; END IF;
+  IF left(part, 1) = ' ' OR right(part, 1) = ' ' THEN RETURN 'must not start or end with a space'; END IF;
+  RETURN NULL;
+END $$;
+COMMENT ON FUNCTION fluxpg.group_name_error(text) IS 'Why a consumer group''s internal name (group or group@filter) is invalid, NULL when it is valid: at most 400 characters, a non-empty group part without leading or trailing spaces, no control characters';
+
 CREATE OR REPLACE FUNCTION fluxpg._queue(qname text, want text DEFAULT NULL, what text DEFAULT NULL)
 RETURNS fluxpg.queues LANGUAGE plpgsql STABLE AS $$
 DECLARE q fluxpg.queues;
@@ -130,8 +164,9 @@ DECLARE
 BEGIN
   SELECT * INTO g FROM fluxpg.groups WHERE queue_id = q.id AND name = grp;
   IF FOUND THEN RETURN g; END IF;
-  IF grp IS NULL OR grp = '' OR length(grp) > 400 OR grp ~ '[\x01-\x1f]' OR left(grp, 1) = '@' THEN
-    RAISE EXCEPTION USING ERRCODE = 'FP004', MESSAGE = format('invalid group name %L', grp);
+  IF fluxpg.group_name_error(grp) IS NOT NULL THEN
+    RAISE EXCEPTION USING ERRCODE = 'FP004',
+      MESSAGE = format('invalid consumer group %L: %s', grp, fluxpg.group_name_error(grp));
   END IF;
   IF NOT create_missing THEN
     RAISE EXCEPTION USING ERRCODE = 'FP005', MESSAGE = format('queue %L has no consumer group %L', q.name, grp);
@@ -217,9 +252,9 @@ DECLARE
   old_parts int;
   t text;
 BEGIN
-  IF qname IS NULL OR qname !~ '^(\$dlq/)?[^/+#\x01-\x1f]{1,200}$' OR qname ~ '^\s|\s$' THEN
+  IF fluxpg.queue_name_error(qname) IS NOT NULL THEN
     RAISE EXCEPTION USING ERRCODE = 'FP004',
-      MESSAGE = format('invalid queue name %L: 1-200 characters, no /, +, # or control characters', qname);
+      MESSAGE = format('invalid queue name %L: %s', qname, fluxpg.queue_name_error(qname));
   END IF;
   IF qkind IS NULL OR qkind NOT IN ('classic', 'stream') THEN
     RAISE EXCEPTION USING ERRCODE = 'FP004', MESSAGE = format('invalid queue kind %L: expected classic or stream', qkind);
@@ -239,6 +274,33 @@ BEGIN
           (s #>> '{retry,max_retries}')::int, (s #>> '{retry,multiplier}')::float8,
           (s #>> '{dlq,enabled}')::boolean, (s #>> '{delivery,max_pending}')::int,
           (s #>> '{retention,max_length_bytes}')::bigint, (s #>> '{retention,max_length_messages}')::bigint;
+  -- The same checks as fluxpg.config (RetryConfig, LimitsConfig, DlqConfig): one rule, two callers.
+  IF (s #>> '{retry,multiplier}')::float8 < 1 THEN
+    RAISE EXCEPTION USING ERRCODE = 'FP004',
+      MESSAGE = format('retry.multiplier must be at least 1, got %s', s #>> '{retry,multiplier}');
+  END IF;
+  IF fluxpg._interval(s #>> '{retry,initial_backoff}') > fluxpg._interval(s #>> '{retry,max_backoff}') THEN
+    RAISE EXCEPTION USING ERRCODE = 'FP004',
+      MESSAGE = format('retry.initial_backoff (%s) must not exceed retry.max_backoff (%s)',
+                       s #>> '{retry,initial_backoff}', s #>> '{retry,max_backoff}');
+  END IF;
+  IF (s #>> '{retry,max_retries}')::int < 0 OR (s #>> '{limits,max_message_size}')::bigint < 0
+     OR (s #>> '{limits,max_depth}')::bigint < 0 OR (s #>> '{retention,max_length_bytes}')::bigint < 0
+     OR (s #>> '{retention,max_length_messages}')::bigint < 0 THEN
+    RAISE EXCEPTION USING ERRCODE = 'FP004',
+      MESSAGE = 'retry.max_retries, limits.max_message_size, limits.max_depth and retention.max_length_* must not be negative';
+  END IF;
+  IF coalesce(s #>> '{dlq,topic}', '') <> '' THEN
+    -- dlq.topic names the dead-letter queue (created on first use like $dlq/<name>).
+    IF fluxpg.queue_name_error(s #>> '{dlq,topic}') IS NOT NULL THEN
+      RAISE EXCEPTION USING ERRCODE = 'FP004', MESSAGE = format('dlq.topic %L is not a queue name: %s',
+        s #>> '{dlq,topic}', fluxpg.queue_name_error(s #>> '{dlq,topic}'));
+    END IF;
+    IF s #>> '{dlq,topic}' = qname THEN
+      RAISE EXCEPTION USING ERRCODE = 'FP004',
+        MESSAGE = format('dlq.topic of queue %L names the queue itself', qname);
+    END IF;
+  END IF;
   parts := (s ->> 'partitions')::int;
   size := (s ->> 'segment_size')::bigint;
   IF parts IS NULL OR parts < 1 OR parts > 1024 THEN
@@ -305,6 +367,25 @@ LANGUAGE sql STABLE AS $$
     (SELECT array_agg(id ORDER BY id) FROM matching WHERE reserved),
     '{}')
 $$;
+
+-- A reserved catch-all left by a run without configured queues (FluxMQ's `mqtt` on $queue/#) that
+-- the current config does not list: it keeps its messages and its own $queue/<name>/# binding but
+-- stops being reserved, so fluxpg.route and the broker agree it catches nothing else.
+CREATE OR REPLACE FUNCTION fluxpg.retire_reserved(keep text[]) RETURNS SETOF text
+LANGUAGE plpgsql AS $$
+DECLARE
+  q fluxpg.queues;
+BEGIN
+  FOR q IN UPDATE fluxpg.queues
+              SET settings = jsonb_set(settings, '{reserved}', 'false'),
+                  topics = ARRAY['$queue/' || name || '/#'], updated_at = now()
+            WHERE coalesce((settings ->> 'reserved')::boolean, false) AND NOT (name = ANY (coalesce(keep, '{}')))
+            RETURNING * LOOP
+    PERFORM pg_notify('fluxpg_queues', q.id::text);
+    RETURN NEXT q.name;
+  END LOOP;
+END $$;
+COMMENT ON FUNCTION fluxpg.retire_reserved(text[]) IS 'Un-reserve the reserved queues not in keep (the configured ones) and bind each to its own $queue/<name>/# only; returns their names';
 
 -- ---------------------------------------------------------------------------------------------
 -- Append
@@ -582,13 +663,24 @@ END $$;
 
 -- The dead-letter queue of a queue: `$dlq/<queue>`, created on first use. It never expires or
 -- fills up (max_depth 0, message_ttl 0) and has no DLQ of its own.
+-- The dead-letter queue of a queue: dlq.topic when set (a queue name, see declare_queue), else
+-- $dlq/<queue>. Not routed as a topic: config, SQL and broker all read it as the DLQ's name.
+CREATE OR REPLACE FUNCTION fluxpg.dlq_name(queue text) RETURNS text
+LANGUAGE sql STABLE AS $$
+  SELECT coalesce(nullif(q.settings #>> '{dlq,topic}', ''), '$dlq/' || q.name) FROM fluxpg.queues q WHERE q.name = dlq_name.queue
+$$;
+COMMENT ON FUNCTION fluxpg.dlq_name(text) IS 'The dead-letter queue of a queue: its dlq.topic when set, else $dlq/<queue> (NULL for an unknown queue)';
+
 CREATE OR REPLACE FUNCTION fluxpg._dlq_queue(q fluxpg.queues) RETURNS int
 LANGUAGE plpgsql AS $$
-DECLARE id int;
+DECLARE
+  id int;
+  dname text := coalesce(nullif(q.settings #>> '{dlq,topic}', ''), '$dlq/' || q.name);
 BEGIN
-  SELECT queues.id INTO id FROM fluxpg.queues WHERE name = '$dlq/' || q.name;
+  SELECT queues.id INTO id FROM fluxpg.queues WHERE name = dname;
   IF FOUND THEN RETURN id; END IF;
-  RETURN fluxpg.declare_queue('$dlq/' || q.name, 'classic', ARRAY['$dlq/' || q.name],
+  -- $dlq/<name> is bound to its own name only; a plain name gets the usual $queue/<name>/#.
+  RETURN fluxpg.declare_queue(dname, 'classic', CASE WHEN dname LIKE '$dlq/%' THEN ARRAY[dname] END,
     jsonb_build_object('limits', jsonb_build_object('max_depth', 0, 'message_ttl', '0',
                                                     'max_message_size', q.settings #> '{limits,max_message_size}'),
                        'dlq', jsonb_build_object('enabled', false)));
@@ -604,12 +696,7 @@ DECLARE
   k int;
 BEGIN
   IF coalesce((q.settings #>> '{dlq,enabled}')::boolean, true) THEN
-    IF coalesce(q.settings #>> '{dlq,topic}', '') <> '' THEN
-      targets := fluxpg.route(q.settings #>> '{dlq,topic}');
-    END IF;
-    IF targets IS NULL OR cardinality(targets) = 0 THEN
-      targets := ARRAY[fluxpg._dlq_queue(q)];
-    END IF;
+    targets := ARRAY[fluxpg._dlq_queue(q)];
     PERFORM fluxpg.append_batch(array_agg(t.id ORDER BY m.seq, t.id), array_agg(m.topic ORDER BY m.seq, t.id),
                                 array_agg(m.payload ORDER BY m.seq, t.id), array_agg(m.h ORDER BY m.seq, t.id))
       FROM (SELECT l.seq, l.topic, l.payload,

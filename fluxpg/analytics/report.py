@@ -44,13 +44,9 @@ class Report:
 
 
 def dlq_queue_names(conn, queues: dict[str, QueueInfo]) -> list[str]:
-    """Queues that receive dead letters: every `$dlq/<queue>` and whatever a `dlq.topic` routes to."""
-    routed = conn.execute(
-        """SELECT DISTINCT q2.name FROM fluxpg.queues q
-             CROSS JOIN LATERAL unnest(fluxpg.route(q.settings #>> '{dlq,topic}')) AS t(id)
-             JOIN fluxpg.queues q2 ON q2.id = t.id
-            WHERE coalesce(q.settings #>> '{dlq,topic}', '') <> ''""").fetchall()
-    return sorted({n for n in queues if n.startswith("$dlq/")} | {n for (n,) in routed})
+    """Queues that receive dead letters: every `$dlq/<queue>` and every queue a `dlq.topic` names."""
+    named = conn.execute("SELECT DISTINCT fluxpg.dlq_name(name) FROM fluxpg.queues").fetchall()
+    return sorted({n for n in queues if n.startswith("$dlq/")} | {n for (n,) in named if n in queues})
 
 
 def build(spark: "SparkSession", target: JdbcTarget, conn, *, bucket: str = "1h",

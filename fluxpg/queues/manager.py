@@ -36,7 +36,7 @@ from fluxpg.queues.ephemeral import EphemeralQueues
 from fluxpg.delivery import Delivery
 from fluxpg.errors import (FluxError, InvalidArgument, PayloadTooLarge, Unavailable, UnknownQueue,
                            WrongQueueKind)
-from fluxpg.topics import (TopicTree, internal_group_name, is_queue_topic, parse_queue_topic,
+from fluxpg.topics import (TopicTree, internal_group_name, is_queue_topic, parse_queue_topic, validate_group_name,
                            validate_topic_filter, validate_topic_name)
 
 log = logging.getLogger("fluxpg.manager")
@@ -541,6 +541,7 @@ class QueueManager:
         """
         if not consumer:
             raise InvalidArgument("consumer name must not be empty")
+        validate_group_name(group)  # the rule of SQL's fluxpg.group_name_error, refused before any SQL
         if filter is not None:
             validate_topic_filter(filter)
         internal = internal_group_name(group, filter)

@@ -191,5 +191,5 @@ async def test_acks_for_unknown_or_foreign_entries(conn, qname):
     with pytest.raises(asyncpg.PostgresError, match="is a classic queue") as info:
         await conn.fetch("SELECT * FROM fluxpg.read($1, 'g', 'c', 1)", qname)
     assert info.value.sqlstate == "FP002"
-    with pytest.raises(asyncpg.PostgresError, match="invalid group name"):
+    with pytest.raises(asyncpg.PostgresError, match="invalid consumer group"):
         await claim(conn, qname, "@bad", "c")

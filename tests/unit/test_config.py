@@ -95,7 +95,7 @@ def test_queue_defaults():
         "multiplier": 2.0,
     }
     assert q.dlq.enabled and q.dlq.topic == "" and q.dlq_queue == "$dlq/orders"
-    assert q.retention.model_dump(mode="json") == {"max_age": "168h", "max_length_bytes": 0, "max_length_messages": 0}
+    assert q.retention.model_dump(mode="json") == {"max_age": "0s", "max_length_bytes": 0, "max_length_messages": 0}
     assert q.replication.enabled is False
 
 
@@ -275,7 +275,7 @@ def test_parse_address():
         ("'a#'", "must not contain the wildcard '#'"),
         ("'$dlq'", "must not start with '$'"),
         ("'" + "x" * 201 + "'", "at most 200"),
-        ("\"a\\0b\"", "must not contain NUL"),
+        ("\"a\\0b\"", "must not contain control characters"),
     ],
 )
 def test_bad_queue_names(tmp_path, name, expected):
@@ -409,8 +409,8 @@ def test_to_settings_defaults():
     assert settings == {
         "limits": {"max_message_size": 10485760, "max_depth": 100000, "message_ttl": "168h"},
         "retry": {"max_retries": 10, "initial_backoff": "5s", "max_backoff": "5m", "multiplier": 2.0},
-        "dlq": {"enabled": True, "topic": "$dlq/orders"},
-        "retention": {"max_age": "168h", "max_length_bytes": 0, "max_length_messages": 0},
+        "dlq": {"enabled": True, "topic": ""},  # "" = $dlq/orders, as in SQL
+        "retention": {"max_age": "0s", "max_length_bytes": 0, "max_length_messages": 0},  # classic: no age limit
         "primary_group": "",
         "partitions": 1,
         "segment_size": 100000,

@@ -188,6 +188,19 @@ async def collect_metrics(ctx: Any) -> str:
           len(ctx.connections))
     m.add("fluxpg_subscriptions", "gauge", "Active queue subscriptions (consumers) on this node",
           len(getattr(manager, "subscriptions", ())))
+    router = ctx.state.get("mqtt.router")
+    if router is not None:      # MQTT outbound bounds (fluxpg/protocols/mqtt/session.py Session.enqueue)
+        m.add("fluxpg_mqtt_sessions", "gauge", "MQTT sessions on this node (connected or persistent)",
+              len(router.sessions))
+        m.add("fluxpg_mqtt_qos0_dropped_total", "counter",
+              "QoS 0 messages not sent because the subscriber's connection had too many unsent bytes",
+              router.qos0_dropped)
+        m.add("fluxpg_mqtt_offline_dropped_total", "counter",
+              "Messages of offline persistent sessions dropped (oldest first) above the session bound",
+              router.offline_dropped)
+        m.add("fluxpg_mqtt_slow_subscriber_disconnects_total", "counter",
+              "MQTT connections closed (0x97) because their session's outbound queue exceeded the bound",
+              router.slow_disconnects)
     return m.render()
 
 

@@ -217,6 +217,13 @@ class Router:
         # statistics
         self.relayed_out = 0
         self.relayed_in = 0
+        self.qos0_dropped = 0          # QoS 0 messages not sent: the connection's write buffer was full
+        self.offline_dropped = 0       # oldest offline messages dropped above the session bound
+        self.slow_disconnects = 0      # connections ended with 0x97: over the session outbound bound
+        # Outbound bounds (set from config.bounds by get_router; 0 = unbounded).
+        self.outbound_messages = OFFLINE_QUEUE_LIMIT
+        self.outbound_bytes = 0
+        self.connection_outbound_bytes = 0
 
     # --- life cycle ---------------------------------------------------------------------------
 

@@ -59,7 +59,7 @@ from .codec import (MQTT_5, Auth, Connack, Connect, Decoder, Disconnect, MQTTErr
                     Properties, ProtocolError, Puback, Pubcomp, Publish, Pubrec, Pubrel, Suback, Subscribe,
                     Unsuback, Unsubscribe, UnsupportedProtocolVersion, encode)
 from .reasons import CONNACK_CODES, DISCONNECT_CODES, ReasonCode
-from .router import OFFLINE_QUEUE_LIMIT, Message, Router, make_sub_options
+from .router import Message, Router, make_sub_options
 
 log = logging.getLogger("fluxpg.mqtt")
 
@@ -92,6 +92,11 @@ async def get_router(ctx: Any) -> Router:
         router = ctx.state.get("mqtt.router")
         if router is None:
             router = Router(ctx.manager)
+            bounds = getattr(getattr(ctx, "config", None), "bounds", None)
+            if bounds is not None:
+                router.outbound_messages = bounds.mqtt_session_outbound_messages
+                router.outbound_bytes = bounds.mqtt_session_outbound_bytes
+                router.connection_outbound_bytes = bounds.connection_outbound_bytes
             await router.start()
             ctx.state["mqtt.router"] = router
             ctx.state.setdefault("closers", []).append(router.close)
@@ -190,7 +195,11 @@ class Session:
         self.pending_will: tuple[Any, Message] | None = None
         self._will_timer: asyncio.TimerHandle | None = None
         self._expiry_timer: asyncio.TimerHandle | None = None
-        self.dropped = 0
+        self.dropped = 0          # offline messages dropped (oldest first) above the bound
+        # Plain QoS 1/2 messages held for the client (outbox + in flight), counted and sized for
+        # the outbound bound; queue deliveries are bounded by their credit instead.
+        self.held = 0
+        self.held_bytes = 0
 
     # --- outbound flow ------------------------------------------------------------------------
 
@@ -201,23 +210,64 @@ class Session:
         self.enqueue(Outgoing(msg, qos, retain, sids))
 
     def enqueue(self, out: Outgoing) -> None:
+        """Hand a message to the client, or keep it for the client (bounded, see _over_bound).
+
+        Bounds (issue 13), per session: QoS 0 -- written at once; above the connection's unsent
+        byte bound the new message is dropped and counted (router.qos0_dropped): the ones ahead
+        of it are already in the socket buffer and cannot be taken back, so "drop the newest" is
+        what dropping means here. Plain QoS 1/2 while connected -- above
+        bounds.mqtt_session_outbound_messages / _bytes (queued + unacknowledged) the subscriber
+        is too slow: DISCONNECT 0x97 quota exceeded (3.1.1: close), counted in
+        router.slow_disconnects; a persistent session keeps its messages (offline bound below).
+        Offline -- the oldest messages go above the bound, counted in session.dropped and
+        router.offline_dropped. Queue deliveries are never dropped: they take engine credit, so
+        a slow subscriber stops the claiming and the messages wait in the queue."""
         conn = self.conn
         if out.qos == 0:
-            if conn is not None:
+            if conn is not None and not conn.closing:
                 conn.send_publish(out)
             return
-        if conn is None:
+        if out.qref is None:
+            self.held += 1
+            self.held_bytes += len(out.msg.payload)
+        if conn is None or conn.closing:
             if out.qref is not None:
                 return
-            if len(self.outbox) >= OFFLINE_QUEUE_LIMIT:
-                self.outbox.popleft()
-                self.dropped += 1
             self.outbox.append(out)
+            self.trim()
             return
         if not self.outbox and len(self.inflight) < conn.send_quota:
             self._send_new(out)
         else:
             self.outbox.append(out)
+        if out.qref is None and self._over_bound():
+            conn.too_slow()
+
+    def trim(self) -> None:
+        """Offline: drop the oldest plain messages above the bound -- unacknowledged ones first
+        (they are older than the queued ones), never a QoS 2 message past PUBREC (its PUBREL is
+        owed: exactly-once)."""
+        while self._over_bound():
+            victim = next((pid for pid, o in self.inflight.items() if o.qref is None and not o.released), None)
+            if victim is not None:
+                old = self.inflight.pop(victim)
+            elif self.outbox:
+                old = self.outbox.popleft()
+            else:
+                return
+            self._release(old)
+            self.dropped += 1
+            self.router.offline_dropped += 1
+
+    def _over_bound(self) -> bool:
+        r = self.router
+        return bool((r.outbound_messages and self.held > r.outbound_messages)
+                    or (r.outbound_bytes and self.held_bytes > r.outbound_bytes))
+
+    def _release(self, out: Outgoing) -> None:
+        if out.qref is None and out.qos:
+            self.held -= 1
+            self.held_bytes -= len(out.msg.payload)
 
     def _alloc_pid(self) -> int:
         for _ in range(0xFFFF):
@@ -241,6 +291,7 @@ class Session:
 
     def completed(self, out: Outgoing) -> None:
         """An outbound QoS 1/2 message is done: give the queue subscription its credit back."""
+        self._release(out)
         if out.qref is not None:
             qsub = out.qref[0]
             if qsub.engine is not None:
@@ -279,6 +330,7 @@ class Session:
         self.router.drop_session(self)
         self.outbox.clear()
         self.inflight.clear()
+        self.held = self.held_bytes = 0
 
 
 # --------------------------------------------------------------------------------------------
@@ -379,6 +431,21 @@ class Connection:
     def v5(self) -> bool:
         return self.version == MQTT_5
 
+    @property
+    def _qos0_limit(self) -> int:
+        bound = self.router.connection_outbound_bytes
+        return min(bound, self.opt.max_write_buffer) if bound else self.opt.max_write_buffer
+
+    def too_slow(self) -> None:
+        """The session's outbound bound is exceeded while connected (Session.enqueue)."""
+        if self.closing:
+            return
+        sess = self.session
+        log.warning("MQTT %s: subscriber too slow (%d messages, %d bytes waiting): disconnecting",
+                    self.client_id, sess.held, sess.held_bytes)
+        self.router.slow_disconnects += 1
+        self._shutdown(RC.QUOTA_EXCEEDED, "outbound queue limit exceeded: the client does not read fast enough")
+
     # --- output -------------------------------------------------------------------------------
 
     def write(self, packet: Any) -> None:
@@ -394,7 +461,8 @@ class Connection:
         if self.closing:
             return True     # stays in flight; resent on the next connection of the session
         msg = out.msg
-        if out.qos == 0 and self.transport.get_write_buffer_size() > self.opt.max_write_buffer:
+        if out.qos == 0 and self.transport.get_write_buffer_size() > self._qos0_limit:
+            self.router.qos0_dropped += 1
             return False    # a QoS 0 message may be dropped (§4.3.1); the client is not reading
         topic = msg.topic
         props = None
@@ -526,6 +594,7 @@ class Connection:
             del sess.inflight[pid]
         if any(out.qref is not None for out in sess.outbox):
             sess.outbox = deque(o for o in sess.outbox if o.qref is None)
+        sess.trim()
         if self.router.closing:
             return
         will = self.will if self.end_reason not in ("normal",) else None

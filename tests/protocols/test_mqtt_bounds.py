@@ -1,0 +1,135 @@
+"""Bounded MQTT outbound memory per session (issue 13), with real paho subscribers that stop
+reading (their network loop stopped, the socket left open):
+
+* plain QoS 1: above bounds.mqtt_session_outbound_messages the connection ends (0x97) and the
+  persistent session keeps at most that many messages, the oldest dropped and counted; after a
+  reconnect the client gets exactly the kept ones, newest last;
+* plain QoS 0: above bounds.connection_outbound_bytes unsent bytes new messages are dropped and
+  counted; received + dropped = published, exactly;
+* queue deliveries are not dropped: credit stops the claiming, the rest waits in the queue."""
+from __future__ import annotations
+
+import time
+
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties as PahoProps
+
+from fluxpg.config import Config, QueueConfig
+
+from test_mqtt_paho import Paho, uid, wait_until
+
+KIB = b"x" * 1024
+
+
+def _session(server, client_id):
+    return server.call(_get_session(server, client_id))
+
+
+async def _get_session(server, client_id):
+    return server.server.ctx.state["mqtt.router"].sessions.get(client_id)
+
+
+def _router(server):
+    return server.server.ctx.state["mqtt.router"]
+
+
+def test_slow_qos1_subscriber_is_disconnected_and_its_session_bounded(threaded_broker):
+    limit = 200
+    server = threaded_broker(config=Config(bounds={"mqtt_session_outbound_messages": limit}))
+    port = server.port("mqtt")
+    topic = f"slow/{uid()}"
+    cp = PahoProps(PacketTypes.CONNECT)
+    cp.SessionExpiryInterval = 300
+    cid = uid("slow")
+    sub = Paho(port, cid, clean=True, props=cp)
+    sub.subscribe(topic, qos=1)
+    sub.c.loop_stop()                      # stops reading; the socket stays open
+    pub = Paho(port)
+    n = 2000
+    for i in range(n):
+        pub.publish(topic, b"%06d" % i + KIB, qos=1, wait=False)
+    pub.publish(topic + "/sync", b"", qos=1)     # PUBACKs come in order: all n were routed
+    router = _router(server)
+    wait_until(lambda: router.slow_disconnects == 1, 10)
+    sess = _session(server, cid)
+    wait_until(lambda: sess.conn is None, 10)
+    # Memory held for the session: at most `limit` messages of ~1 KiB.
+    assert sess.held == limit
+    assert sess.held_bytes == limit * (6 + 1024)
+    assert len(sess.outbox) + len(sess.inflight) == limit
+    assert sess.dropped == router.offline_dropped == n - limit
+    # The client comes back (session present) and gets exactly the kept messages, newest last.
+    sub.c._sock.close() if sub.c._sock else None
+    again = Paho(port, cid, clean=False, props=cp)
+    assert again.connack_flags.session_present
+    got = [again.get() for _ in range(limit)]
+    numbers = [int(m.payload[:6]) for m in got]
+    assert sorted(numbers) == list(range(n - limit, n))
+    assert numbers[-1] == n - 1
+    again.nothing(0.5)
+    again.close()
+    pub.close()
+
+
+def test_qos0_to_a_subscriber_that_stops_reading_is_dropped_and_counted(threaded_broker):
+    server = threaded_broker(config=Config(bounds={"connection_outbound_bytes": 64 * 1024}))
+    port = server.port("mqtt")
+    topic = f"slow0/{uid()}"
+    sub = Paho(port)
+    sub.subscribe(topic, qos=0)
+    sub.c.loop_stop()
+    pub = Paho(port)
+    n = 20_000
+    for i in range(n):
+        pub.publish(topic, KIB, qos=0)
+    pub.publish(topic + "/sync", b"", qos=1)
+    router = _router(server)
+    dropped = router.qos0_dropped
+    assert dropped > 0
+    sess = _session(server, sub.client_id)
+    # What waits for the client is bounded by the connection bound (plus one message).
+    assert sess.conn.transport.get_write_buffer_size() <= 64 * 1024 + 2048
+    sub.c.loop_start()                    # reads again: gets everything that was not dropped
+    received = 0
+    deadline = time.monotonic() + 30
+    while received < n - dropped and time.monotonic() < deadline:
+        sub.get()
+        received += 1
+    sub.nothing(0.5)
+    assert received + dropped == n
+    assert router.slow_disconnects == 0
+    sub.close()
+    pub.close()
+
+
+def test_queue_deliveries_to_a_stalled_subscriber_wait_in_the_queue(threaded_broker, qname):
+    # A short visibility timeout: what the stalled subscriber held comes back quickly.
+    server = threaded_broker(config=Config(queues=[QueueConfig(name=qname, type="classic")],
+                                           queue_manager={"visibility_timeout": "1s"},
+                                           bounds={"mqtt_session_outbound_messages": 50}))
+    port = server.port("mqtt")
+    sub = Paho(port, manual_ack=True)
+    sub.subscribe(f"$queue/{qname}", qos=1)
+    sub.c.loop_stop()
+    pub = Paho(port)
+    n = 600
+    for i in range(n):
+        pub.publish(f"$queue/{qname}", b"%d" % i, qos=1, wait=False)
+    pub.publish(f"$queue/{qname}", b"last", qos=1)
+    router = _router(server)
+    time.sleep(0.5)
+    # Not disconnected (queue messages are bounded by credit, not dropped) and far below n held.
+    assert router.slow_disconnects == 0
+    sess = _session(server, sub.client_id)
+    assert len(sess.inflight) + len(sess.outbox) <= 256
+    sub.close(clean=False)
+    # Every message is still there for another consumer of the same group: nothing lost.
+    other = Paho(port, sub.client_id)
+    other.subscribe(f"$queue/{qname}", qos=1)
+    seen = set()
+    while len(seen) < n + 1:
+        m = other.get()
+        seen.add(m.payload)
+    assert len(seen) == n + 1
+    other.close()
+    pub.close()

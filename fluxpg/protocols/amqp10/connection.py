@@ -40,6 +40,7 @@ import logging
 import os
 import socket
 import time
+import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,7 +55,7 @@ from fluxpg.protocols.amqp10.engine import EngineEvent, ProtonEngine
 from fluxpg.protocols.amqp10.messages import MessageError, decode, from_delivery, to_log
 from fluxpg.protocols.amqp10.sasl import SASL_HEADER, SaslCode, SaslError, SaslServer
 from fluxpg.delivery import Delivery
-from fluxpg.errors import FluxError, InvalidArgument
+from fluxpg.errors import FluxError, InvalidArgument, UnknownQueue
 from fluxpg.topics import (DLQ_PREFIX, QUEUE_PREFIX, is_queue_topic, parse_queue_topic,
                            split_queue_subscription, validate_queue_name, validate_topic_filter,
                            validate_topic_name)
@@ -127,6 +128,7 @@ class _Consumer:
     next_tag: int = 0
     closed: bool = False
     drain_task: asyncio.Task | None = None
+    dynamic: str | None = None          # the transient queue made for a dynamic source
 
 
 @dataclass(eq=False)
@@ -142,6 +144,7 @@ class _Publisher:
     in_flight: int = 0
     buffer: bytearray | None = None     # the unfinished delivery's bytes so far
     limit: int = 0                      # its size cutoff in bytes (0: only the connection bound)
+    dynamic: str | None = None          # the transient queue made for a dynamic target
     refused: Refused | None = None      # it is over a limit: its further bytes are read and dropped
     closed: bool = False
 
@@ -188,6 +191,8 @@ class AmqpConnection:
         self.coordinators: dict[Link, _Publisher] = {}
         self.transactions: dict[bytes, _Txn] = {}
         self._txn_ids = 0
+        # owner of this connection's dynamic (transient) queues: no other connection consumes them
+        self._owner = f"{getattr(self.manager, 'node_id', 0)}:amqp10:{id(self):x}"
         self._wake = asyncio.Event()
         self._closed = False
         self._tasks: set[asyncio.Task] = set()
@@ -364,6 +369,8 @@ class AmqpConnection:
         for consumer in list(self.consumers.values()):
             await self._close_consumer(consumer)
         self.consumers.clear()
+        for publisher in list(self.publishers.values()):
+            await self._delete_dynamic(publisher.dynamic)
         self.publishers.clear()
         if self._ack_task is not None:
             # Apply the acknowledgements received before the connection ended: let the ack task
@@ -458,7 +465,7 @@ class AmqpConnection:
             if link.is_sender:
                 await self._attach_consumer(link)
             else:
-                self._attach_publisher(link)
+                await self._attach_publisher(link)
         except (Refused, FluxError) as exc:
             cond = exc.condition if isinstance(exc, Refused) else _condition(exc)
             log.info("amqp10 %s: link %r refused: %s", self.peer, link.name, cond.description)
@@ -468,23 +475,43 @@ class AmqpConnection:
             link.condition = cond
             link.close()
 
-    def _attach_publisher(self, link: Link) -> None:
+    async def _declare_dynamic(self, link: Link) -> str:
+        """A transient queue for a dynamic terminus: its name is the address the client gets."""
+        name = f"amqp10.dynamic.{uuid.uuid4().hex}"
+        await self.manager.declare_transient(name, owner=self._owner)
+        log.debug("amqp10 %s: dynamic node %s for link %r", self.peer, name, link.name)
+        return name
+
+    async def _delete_dynamic(self, name: str | None) -> None:
+        if name is None:
+            return
+        try:
+            await self.manager.delete_transient(name)
+        except Exception as exc:  # noqa: BLE001 - the node's transient queues go when it stops
+            log.warning("amqp10 %s: deleting dynamic node %s failed: %s", self.peer, name, exc)
+
+    async def _attach_publisher(self, link: Link) -> None:
         remote = link.remote_target
         if remote.type == Terminus.COORDINATOR:
             self._attach_coordinator(link)
             return
+        dynamic = None
         if remote.dynamic:
-            raise Refused("amqp:not-implemented", "dynamic targets are not supported")
-        address = remote.address
+            raise Refused("amqp:not-implemented", "dynamic targets are not supported yet")
+        else:
+            address = remote.address
         topic = self._publish_topic(address) if address else None
         if topic is not None and not authorize(self.principal, "publish", topic):
+            await self._delete_dynamic(dynamic)
             raise Refused("amqp:unauthorized-access", f"not allowed to publish to {address!r}")
         link.target.copy(remote)
+        if dynamic is not None:
+            link.target.address = dynamic
         link.source.copy(link.remote_source)
         link.rcv_settle_mode = Link.RCV_FIRST
         link.snd_settle_mode = link.remote_snd_settle_mode
         link.open()
-        self.publishers[link] = _Publisher(link, topic)
+        self.publishers[link] = _Publisher(link, topic, dynamic=dynamic)
         link.flow(PUBLISH_WINDOW)
 
     def _attach_coordinator(self, link: Link) -> None:
@@ -518,10 +545,20 @@ class AmqpConnection:
         return topic
 
     async def _attach_consumer(self, link: Link) -> None:
+        # A dynamic source (request/reply): a transient queue of our naming, its address sent
+        # back in the attach, deleted with the link (or the connection), or now if the attach fails.
+        if link.remote_source.dynamic:
+            raise Refused("amqp:not-implemented", "dynamic sources are not supported yet")
+        dynamic = None
+        try:
+            await self._consume(link, dynamic)
+        except BaseException:
+            await self._delete_dynamic(dynamic)
+            raise
+
+    async def _consume(self, link: Link, dynamic: str | None) -> None:
         remote = link.remote_source
-        if remote.dynamic:
-            raise Refused("amqp:not-implemented", "dynamic sources are not supported")
-        address = remote.address
+        address = dynamic if dynamic is not None else remote.address
         if not address:
             raise Refused("amqp:invalid-field", "a receiver link needs a source address: $queue/<queue>[/<filter>]")
         try:
@@ -560,7 +597,8 @@ class AmqpConnection:
             else:
                 auto_commit = bool(auto_commit)
         consumer_name = f"{conn.remote_container or self.peer}/{link.name}"
-        consumer = _Consumer(link, queue, presettled=link.remote_snd_settle_mode == Link.SND_SETTLED)
+        consumer = _Consumer(link, queue, presettled=link.remote_snd_settle_mode == Link.SND_SETTLED,
+                             dynamic=dynamic)
         try:
             sub = await self.manager.subscribe(
                 queue, str(group), consumer_name, on_delivery=lambda d: self._deliver(consumer, d),
@@ -571,8 +609,11 @@ class AmqpConnection:
         consumer.sub = sub
         if self._closed or link.state & link.REMOTE_CLOSED:
             await sub.close()
+            await self._delete_dynamic(dynamic)
             return
         link.source.copy(remote)
+        if dynamic is not None:
+            link.source.address = dynamic
         # Echo only the filters we apply, so the client can tell an ignored one (spec 3.5.8).
         link.source.filter.clear()
         if applied_filters:
@@ -592,6 +633,7 @@ class AmqpConnection:
         publisher = self.publishers.pop(link, None) or self.coordinators.pop(link, None)
         if publisher is not None:
             publisher.closed = True
+            await self._delete_dynamic(publisher.dynamic)
             if publisher.buffer is not None:
                 self._release_inbound(len(publisher.buffer))
                 publisher.buffer = None
@@ -606,6 +648,7 @@ class AmqpConnection:
             # Unsettled classic deliveries stay pending: the same consumer gets them back when it
             # reattaches, others after the visibility timeout.
             await consumer.sub.close()
+        await self._delete_dynamic(consumer.dynamic)
 
     def _on_subscription_error(self, consumer: _Consumer, exc: FluxError) -> None:
         link = consumer.link
@@ -856,7 +899,11 @@ class AmqpConnection:
                        headers: dict, settled_by_client: bool, size: int) -> None:
         error: BaseException | None = None
         try:
-            await self.manager.publish(topic, payload, headers)
+            stored = await self.manager.publish(topic, payload, headers)
+            if not stored:
+                # Accepted means stored somewhere: a publish no queue took is refused, never
+                # confirmed into nothing.
+                error = UnknownQueue(f"no queue takes messages published to {topic!r}")
         except FluxError as exc:
             error = exc
         except Exception as exc:  # noqa: BLE001

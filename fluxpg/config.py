@@ -634,6 +634,16 @@ class ConsoleConfig(_Strict):
     secret: str | None = Field(None, repr=False, min_length=16)
 
 
+class Amqp091Config(_Strict):
+    # Virtual hosts an AMQP 0-9-1 client may open besides "/" (RabbitMQ's default). fluxpg has
+    # one namespace of queues: every accepted vhost reaches the same queues. Others are refused
+    # with 530 NOT_ALLOWED, as RabbitMQ refuses a vhost that does not exist.
+    virtual_hosts: list[str] = Field(default_factory=lambda: ["/"])
+
+    def accepts(self, vhost: str) -> bool:
+        return vhost in ("", "/") or vhost in self.virtual_hosts
+
+
 class Config(_Strict):
     database: DatabaseConfig = Field(default_factory=DatabaseConfig)
     listeners: ListenersConfig = Field(default_factory=ListenersConfig)
@@ -643,6 +653,7 @@ class Config(_Strict):
     tls: TlsConfig | None = None     # None: plain TCP
     bounds: BoundsConfig = Field(default_factory=BoundsConfig)
     console: ConsoleConfig = Field(default_factory=ConsoleConfig)
+    amqp091: Amqp091Config = Field(default_factory=Amqp091Config)
 
     @field_validator("queues")
     @classmethod

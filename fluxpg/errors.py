@@ -47,6 +47,13 @@ class LimitExceeded(FluxError):
     code = "limit"
 
 
+class PreconditionFailed(FluxError):
+    """The state of the queue refuses the request (a delete with if-unused while it has
+    consumers, with if-empty while it holds messages; a queue the config file defines)."""
+
+    code = "precondition"
+
+
 class Unavailable(FluxError):
     """The database could not be reached or the transaction failed: nothing was confirmed."""
 
@@ -61,6 +68,7 @@ SQLSTATE_ERRORS: dict[str, type[FluxError]] = {
     "FP004": InvalidArgument,
     "FP005": InvalidArgument,   # unknown group
     "FP006": LimitExceeded,
+    "FP008": PreconditionFailed,   # FP007 is the transient queues' "locked by another connection"
     "54000": PayloadTooLarge,  # program_limit_exceeded
     "22023": InvalidArgument,  # invalid_parameter_value
 }

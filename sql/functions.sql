@@ -1,7 +1,7 @@
 -- fluxpg SQL API (DESIGN §3). Public: declare_queue, publish, claim, read, ack, nack, reject,
 -- commit, seek, claim_stale, enforce_retention. Names starting with _ are internal.
 -- Errors: SQLSTATE class FP (FP001 unknown queue, FP002 wrong kind, FP003 queue full,
--- FP004 invalid argument, FP005 unknown group) or standard ones (54000 payload too large).
+-- FP004 invalid argument, FP005 unknown group, FP008 precondition failed) or standard ones (54000 payload too large).
 -- Every function is CREATE OR REPLACE: a migration re-runs this file to upgrade them.
 
 -- ---------------------------------------------------------------------------------------------
@@ -1565,3 +1565,99 @@ BEGIN
   RETURN k;
 END $$;
 COMMENT ON FUNCTION fluxpg.enforce_retention() IS 'Drop the segments retention allows dropping now; returns how many (never DELETEs from the log)';
+
+-- ---------------------------------------------------------------------------------------------
+-- Purge and delete (AMQP 0-9-1 queue.purge / queue.delete, as RabbitMQ does them)
+-- ---------------------------------------------------------------------------------------------
+
+-- Messages of a classic queue that no group has delivered yet (not expired), from the lowest
+-- group cursor (no group yet: from the oldest retained message) to the head. Reading them is a
+-- count over an offset range: purge and delete are rare, never on the hot path.
+CREATE OR REPLACE FUNCTION fluxpg._undelivered(q fluxpg.queues) RETURNS bigint
+LANGUAGE sql STABLE AS $$
+  SELECT coalesce(sum((SELECT count(*) FROM fluxpg.log l
+                        WHERE l.queue_id = q.id AND l.partition = h.partition
+                          AND l.seq >= greatest(h.first_seq, coalesce(
+                                (SELECT min(c.cursor) FROM fluxpg.cursors c JOIN fluxpg.groups g ON g.id = c.group_id
+                                  WHERE g.queue_id = q.id AND c.partition = h.partition), h.first_seq))
+                          AND l.seq < h.next_seq
+                          AND (l.expires_at IS NULL OR l.expires_at > now()))), 0)::bigint
+    FROM fluxpg.heads h WHERE h.queue_id = q.id
+$$;
+
+-- queue.purge: every message not yet delivered is skipped — each group's cursor moves to the
+-- head (streams: refused, their readers replay by offset). Delivered but unacknowledged
+-- messages stay pending and come back if released (nack, channel close), as in RabbitMQ. The
+-- log is not touched: retention drops the purged segments once nothing pending holds them.
+-- A group created later starts at the oldest retained message like any new group. Returns how
+-- many messages were purged (the count the default group had waiting).
+CREATE OR REPLACE FUNCTION fluxpg.purge_queue(queue text) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+  q fluxpg.queues := fluxpg._queue(queue);
+  n bigint;
+BEGIN
+  IF q.kind = 'stream' THEN
+    RAISE EXCEPTION USING ERRCODE = 'FP002',
+      MESSAGE = format('queue %L is a stream: a stream is not purged (its readers move by offset; retention '
+                       'removes old messages)', queue);
+  END IF;
+  -- The head row locks order this against concurrent appends: nothing appended after the purge
+  -- is skipped, nothing before it survives.
+  PERFORM 1 FROM fluxpg.heads WHERE queue_id = q.id ORDER BY partition FOR UPDATE;
+  n := fluxpg._undelivered(q);
+  UPDATE fluxpg.cursors c SET cursor = h.next_seq, committed = greatest(c.committed, h.next_seq)
+    FROM fluxpg.groups g, fluxpg.heads h
+   WHERE g.id = c.group_id AND g.queue_id = q.id AND h.queue_id = q.id AND h.partition = c.partition
+     AND c.cursor < h.next_seq;
+  -- The queue's default group (AMQP consumers share it) may not exist yet: create it at the head.
+  IF NOT EXISTS (SELECT 1 FROM fluxpg.groups WHERE queue_id = q.id AND name = q.name) THEN
+    PERFORM fluxpg._group(q, q.name);
+    UPDATE fluxpg.cursors c SET cursor = h.next_seq, committed = h.next_seq
+      FROM fluxpg.groups g, fluxpg.heads h
+     WHERE g.id = c.group_id AND g.queue_id = q.id AND g.name = q.name AND h.queue_id = q.id AND h.partition = c.partition;
+  END IF;
+  RETURN n;
+END $$;
+COMMENT ON FUNCTION fluxpg.purge_queue(text) IS 'Classic queues: skip every undelivered message (group cursors to the head), keep pending ones; returns how many were purged. Streams: refused';
+
+-- queue.delete: drop a queue, its log segments, groups, cursors and pending entries (its
+-- dead-letter queue stays, as RabbitMQ keeps a dead-letter target). if_unused: refused while a
+-- consumer of another node was seen in the last `in_use_window` (the caller checks its own
+-- node's consumers); if_empty: refused while messages wait or are unacknowledged. Returns the
+-- number of messages that were waiting. NOTIFY fluxpg_queues (nodes reload) and fluxpg_log
+-- (waiting consumers wake, find the queue gone and are cancelled).
+CREATE OR REPLACE FUNCTION fluxpg.delete_queue(queue text, if_unused boolean DEFAULT false,
+                                               if_empty boolean DEFAULT false,
+                                               in_use_window interval DEFAULT '10 seconds')
+RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+  q fluxpg.queues := fluxpg._queue(queue);
+  n bigint;
+  npending bigint;
+BEGIN
+  PERFORM pg_advisory_xact_lock(hashtext('fluxpg.declare_queue'), hashtext(q.name));
+  PERFORM 1 FROM fluxpg.heads WHERE queue_id = q.id ORDER BY partition FOR UPDATE;
+  IF if_unused AND EXISTS (
+       SELECT 1 FROM fluxpg.members m JOIN fluxpg.groups g ON g.id = m.group_id
+        WHERE g.queue_id = q.id AND m.last_seen_at > now() - in_use_window
+          AND m.node_id IS DISTINCT FROM nullif(current_setting('fluxpg.node_id', true), '')::int) THEN
+    RAISE EXCEPTION USING ERRCODE = 'FP008', MESSAGE = format('queue %L in use', queue);
+  END IF;
+  n := CASE WHEN q.kind = 'classic' THEN fluxpg._undelivered(q)
+            ELSE (SELECT coalesce(sum(h.next_seq - h.first_seq), 0) FROM fluxpg.heads h WHERE h.queue_id = q.id) END;
+  SELECT count(*) INTO npending FROM fluxpg.pending p JOIN fluxpg.groups g ON g.id = p.group_id WHERE g.queue_id = q.id;
+  IF if_empty AND n + npending > 0 THEN
+    RAISE EXCEPTION USING ERRCODE = 'FP008',
+      MESSAGE = format('queue %L not empty (%s waiting, %s unacknowledged)', queue, n, npending);
+  END IF;
+  -- pending has no foreign key (it is the hottest table); its rows go by group.
+  DELETE FROM fluxpg.pending p USING fluxpg.groups g WHERE g.id = p.group_id AND g.queue_id = q.id;
+  DELETE FROM fluxpg.queues WHERE id = q.id;          -- heads, groups, cursors, members cascade
+  -- The queue's log table with all its segments (a short lock on fluxpg.log, like retention's).
+  EXECUTE format('DROP TABLE IF EXISTS fluxpg.%I CASCADE', 'log_' || q.id);
+  PERFORM pg_notify('fluxpg_queues', q.id::text);
+  PERFORM pg_notify('fluxpg_log', q.id::text);
+  RETURN n;
+END $$;
+COMMENT ON FUNCTION fluxpg.delete_queue(text, boolean, boolean, interval) IS 'Drop a queue with its log segments, groups and pending entries (if_unused / if_empty as AMQP queue.delete); returns the messages that were waiting';

@@ -176,3 +176,9 @@ SELECT fluxpg.delete_group($1, $2);
 
 -- name: reset_group
 SELECT fluxpg.reset_group($1, $2, $3);
+
+-- name: purge_queue
+SELECT fluxpg.purge_queue($1);
+
+-- name: delete_queue
+SELECT fluxpg.delete_queue($1, $2, $3, $4::interval);

@@ -34,8 +34,8 @@ from fluxpg.queues import classic, stream
 from fluxpg.queues.appender import Appender, AppendRow
 from fluxpg.queues.ephemeral import EphemeralQueues
 from fluxpg.delivery import Delivery
-from fluxpg.errors import (FluxError, InvalidArgument, PayloadTooLarge, Unavailable, UnknownQueue,
-                           WrongQueueKind)
+from fluxpg.errors import (FluxError, InvalidArgument, PayloadTooLarge, PreconditionFailed, Unavailable,
+                           UnknownQueue, WrongQueueKind)
 from fluxpg.topics import (TopicTree, internal_group_name, is_queue_topic, parse_queue_topic, validate_group_name,
                            validate_topic_filter, validate_topic_name)
 
@@ -277,6 +277,9 @@ class QueueManager:
         self._reserved: set[str] = set()
         self.ephemeral = EphemeralQueues(self.qm.ephemeral_grace.total_seconds())
         self.subscriptions: set[Subscription] = set()
+        # AMQP 0-9-1 exclusive consumers of this node: queue → the consumer holding it (front-ends
+        # refuse other consumers while it is there; a queue's consumers on other nodes are not seen).
+        self.exclusive_consumers: dict[str, object] = {}
         self._wakers: dict[int | None, asyncio.Event] = {}
         self._listener: db.Listener | None = None
         self.appender: Appender | None = None
@@ -638,6 +641,46 @@ class QueueManager:
         if kind == "ephemeral":
             return 0
         return await classic.reject(executor or self.pool, queue, group, seqs, reason, partition)
+
+    # --- purge and delete (AMQP 0-9-1 queue.purge / queue.delete) ----------------------------
+
+    def configured(self, name: str) -> bool:
+        """Is `name` defined in the config file (a client never deletes those)?"""
+        return any(q.name == name for q in self.config.effective_queues())
+
+    async def purge_queue(self, name: str) -> int:
+        """Skip every message of a classic queue not yet delivered (fluxpg.purge_queue); pending
+        ones stay. Returns how many were purged. A stream is refused (WrongQueueKind)."""
+        if name in self.ephemeral.queues and name not in self.queues:
+            eq = self.ephemeral.get(name, create=False)
+            n = len(eq.buffer) if eq is not None else 0
+            if eq is not None:
+                eq.buffer.clear()
+            return n
+        await self._require_queue(name)
+        return int(await db.fetchval(self.pool, "purge_queue", name))
+
+    async def delete_queue(self, name: str, *, if_unused: bool = False, if_empty: bool = False) -> int:
+        """Drop a queue with its segments, groups and pending entries (fluxpg.delete_queue) and
+        end its consumers here (on_error with UnknownQueue: AMQP basic.cancel); other nodes'
+        consumers end when their next read finds it gone (the function NOTIFYs them). Queues of
+        the config file are refused (PreconditionFailed), as are if_unused with consumers and
+        if_empty with messages. Returns how many messages were waiting."""
+        if self.configured(name):
+            raise PreconditionFailed(f"queue {name!r} is defined in the config file; remove it there "
+                                     "(clients cannot delete it)")
+        if if_unused and any(s.queue == name for s in self.subscriptions):
+            raise PreconditionFailed(f"queue {name!r} in use")
+        await self._require_queue(name)
+        # Consumers of this node were judged above; the SQL judges other nodes' by their last read.
+        window = timedelta(seconds=max(CLASSIC_POLL * 10, self.qm.heartbeat_interval.total_seconds()))
+        n = int(await db.fetchval(self.pool, "delete_queue", name, if_unused, if_empty, window))
+        await self.reload_queues()
+        gone = UnknownQueue(f"queue {name!r} was deleted")
+        for sub in [s for s in self.subscriptions if s.queue == name]:
+            await sub._fail(gone)
+            await sub.close()
+        return n
 
     def transaction(self, *, max_bytes: int | None = None):
         """A local transaction: publishes and settlements collected, applied together in one

@@ -130,3 +130,176 @@ def test_tx_closed_channel_rolls_back_and_requeues(threaded_broker, qname):
         assert body == b"m0" and method.redelivered
     finally:
         conn.close()
+
+
+# ---------------------------------------------------------------------------------- purge / delete
+
+
+def _queue_exists(server, queue: str) -> tuple[bool, bool]:
+    """(row in fluxpg.queues, its log table exists)."""
+    qid = server.call(server.manager.pool.fetchval("SELECT id FROM fluxpg.queues WHERE name = $1", queue))
+    table = server.call(server.manager.pool.fetchval(
+        "SELECT to_regclass('fluxpg.log_' || $1::text) IS NOT NULL", str(qid))) if qid is not None else False
+    return qid is not None, table
+
+
+def test_purge_skips_undelivered_keeps_pending(threaded_broker, qname):
+    server = threaded_broker([QueueConfig(name=qname, retry={"initial_backoff": "0s"})])
+    conn = _connect(server)
+    try:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        for i in range(5):
+            ch.basic_publish("", qname, b"m%d" % i)
+        got = [ch.basic_get(qname) for _ in range(2)]
+        assert [b for _, _, b in got] == [b"m0", b"m1"]
+        ok = ch.queue_purge(qname)
+        assert ok.method.message_count == 3                     # m2..m4 were waiting
+        assert ch.basic_get(qname)[0] is None                   # nothing undelivered is left
+        assert _pending(server, qname) == [0, 1]                # delivered, unacknowledged: kept
+        assert len(_log(server, qname)) == 5                    # the log itself is retention's business
+        ch.basic_reject(got[1][0].delivery_tag, requeue=True)   # released: it comes back
+        method, _, body = ch.basic_get(qname)
+        assert body == b"m1" and method.redelivered
+        ch.basic_ack(method.delivery_tag)
+        ch.basic_ack(got[0][0].delivery_tag)
+        ch.basic_publish("", qname, b"after")                   # later publishes are not purged
+        assert ch.basic_get(qname, auto_ack=True)[2] == b"after"
+        assert ch.queue_purge(qname).method.message_count == 0
+    finally:
+        conn.close()
+
+
+def test_purge_of_a_stream_is_refused_with_a_reason(threaded_broker, qname):
+    server = threaded_broker([QueueConfig(name=qname, type="stream")])
+    conn = _connect(server)
+    try:
+        ch = conn.channel()
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+            ch.queue_purge(qname)
+        assert err.value.reply_code == 406 and "stream" in err.value.reply_text
+    finally:
+        conn.close()
+
+
+def test_delete_if_empty_if_unused_cancels_consumers_and_drops_segments(threaded_broker, qname):
+    server = threaded_broker([QueueConfig(name=f"{qname}-configured")])
+    conn = _connect(server)
+    other = _connect(server)
+    try:
+        ch = conn.channel()
+        ch.queue_declare(qname, durable=True)            # client-declared: a client may delete it
+        ch.confirm_delivery()
+        ch.basic_publish("", qname, b"a")
+        ch.basic_publish("", qname, b"b")
+        assert _queue_exists(server, qname) == (True, True)
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+            ch.queue_delete(qname, if_empty=True)
+        assert err.value.reply_code == 406 and "not empty" in err.value.reply_text
+        # A consumer on another connection (it announces consumer_cancel_notify, as pika does).
+        watcher = other.channel()
+        cancelled = []
+        watcher.add_on_cancel_callback(lambda frame: cancelled.append(frame.method.consumer_tag))
+        watcher.basic_qos(prefetch_count=1)
+        received = []
+        tag = watcher.basic_consume(qname, lambda _ch, _m, _p, body: received.append(body))
+        for _ in range(50):
+            if received:
+                break
+            other.process_data_events(time_limit=0.1)
+        assert received == [b"a"]                        # prefetch 1: b is still waiting
+        ch = conn.channel()
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+            ch.queue_delete(qname, if_unused=True)
+        assert err.value.reply_code == 406 and "in use" in err.value.reply_text
+        ch = conn.channel()
+        ok = ch.queue_delete(qname)
+        assert ok.method.message_count == 1              # b waited; a is delivered to the watcher
+        assert _queue_exists(server, qname) == (False, False)
+        deadline = 50
+        while not cancelled and deadline:
+            other.process_data_events(time_limit=0.1)
+            deadline -= 1
+        assert cancelled == [tag]                        # basic.cancel from the broker
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+            ch.queue_declare(qname, passive=True)
+        assert err.value.reply_code == 404
+        # Queues of the config file are not a client's to delete.
+        ch = conn.channel()
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+            ch.queue_delete(f"{qname}-configured")
+        assert err.value.reply_code == 406 and "config file" in err.value.reply_text
+        assert _queue_exists(server, f"{qname}-configured") == (True, True)
+    finally:
+        other.close()
+        conn.close()
+
+
+# ------------------------------------------------------------------------ exclusive, amq., vhosts
+
+
+def test_exclusive_consumer_is_the_only_one(threaded_broker, qname):
+    server = threaded_broker([QueueConfig(name=qname)])
+    conn = _connect(server)
+    try:
+        first = conn.channel()
+        tag = first.basic_consume(qname, lambda *a: None, exclusive=True)
+        second = conn.channel()
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+            second.basic_consume(qname, lambda *a: None)
+        assert err.value.reply_code == 403 and "exclusive" in err.value.reply_text
+        first.basic_cancel(tag)                          # released: others may consume again
+        third = conn.channel()
+        plain = third.basic_consume(qname, lambda *a: None)
+        fourth = conn.channel()
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+            fourth.basic_consume(qname, lambda *a: None, exclusive=True)   # a consumer exists already
+        assert err.value.reply_code == 403
+        third.basic_cancel(plain)
+        assert conn.is_open
+    finally:
+        conn.close()
+
+
+def test_amq_queue_names_are_reserved(threaded_broker):
+    server = threaded_broker()
+    conn = _connect(server)
+    try:
+        ch = conn.channel()
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+            ch.queue_declare("amq.mine", durable=True)
+        assert err.value.reply_code == 403 and "amq." in err.value.reply_text
+        ch = conn.channel()
+        named = ch.queue_declare("", exclusive=True).method.queue   # server-named is fine
+        assert named.startswith("amq.gen-")
+    finally:
+        conn.close()
+
+
+def test_unknown_vhost_is_refused_configured_ones_accepted(threaded_broker):
+    from fluxpg.config import Config
+
+    server = threaded_broker(config=Config(amqp091={"virtual_hosts": ["/", "prod"]}))
+    with pytest.raises(pika.exceptions.ProbableAccessDeniedError) as err:
+        _connect(server, vhost="nope")
+    assert "530" in str(err.value) and "nope" in str(err.value)
+    conn = _connect(server, vhost="prod")
+    try:
+        assert conn.channel().is_open
+    finally:
+        conn.close()
+
+
+def test_update_secret_rechecks_credentials(threaded_broker):
+    from fluxpg.config import AuthConfig, Config
+
+    server = threaded_broker(config=Config(auth=AuthConfig(users=[{"username": "alice", "password": "one"}])))
+    conn = pika.BlockingConnection(pika.ConnectionParameters(
+        host="127.0.0.1", port=server.port("amqp091"), credentials=pika.PlainCredentials("alice", "one"),
+        connection_attempts=1))
+    conn.update_secret("one", "token refreshed")     # the right secret: update-secret-ok
+    assert conn.channel().is_open
+    with pytest.raises(pika.exceptions.ConnectionClosedByBroker) as err:
+        conn.update_secret("wrong", "token refreshed")
+        conn.process_data_events(time_limit=1)
+    assert err.value.reply_code == 403

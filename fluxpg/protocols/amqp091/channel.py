@@ -210,6 +210,7 @@ class Channel:
         self.consumers.clear()
         self._held.clear()
         for c in consumers:
+            self._drop_exclusive(c)
             if c.sub is not None:
                 try:
                     await c.sub.close()
@@ -405,6 +406,9 @@ class Channel:
             validate_queue_name(name)
         except InvalidArgument as exc:
             raise channel_error(PRECONDITION_FAILED, str(exc), m) from None
+        if name.startswith("amq.") and not m.passive:
+            # Reserved for server-named queues (RabbitMQ); a passive check of one is fine.
+            raise channel_error(ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'", m)
         # A passive declare reveals depth and consumers (read); any other declare may create (configure).
         self._authorize("read" if m.passive else "configure", name, m)
         found = await self._lookup(name)
@@ -455,20 +459,31 @@ class Channel:
         self.conn.write(framing.method_frame(self.id, Queue.UnbindOk()))
 
     async def _queue_purge(self, m: Queue.Purge) -> None:
-        # A fluxpg queue is a shared log that other groups and protocols read; removing its
-        # messages behind their backs is not something a client can ask for. Say so.
-        raise channel_error(PRECONDITION_FAILED, "queue.purge is not supported: fluxpg queues are logs; messages "
-                            "leave by acknowledgement, retention or TTL", m)
+        # RabbitMQ's purge: what is not delivered yet is gone (group cursors to the head, the log
+        # itself is left to retention); delivered, unacknowledged messages stay and come back
+        # if released. Streams refuse (fluxpg.purge_queue says why).
+        queue, _f, _e = self._queue_name(m.queue or "", m)
+        if await self._lookup(queue) is None:
+            raise channel_error(NOT_FOUND, f"no queue '{queue}'", m)
+        try:
+            n = await self.manager.purge_queue(queue)
+        except FluxError as exc:
+            raise _error_from_flux(exc, m) from None
+        if not m.nowait:
+            self.conn.write(framing.method_frame(self.id, Queue.PurgeOk(n)))
 
     async def _queue_delete(self, m: Queue.Delete) -> None:
         queue, _f, _e = self._queue_name(m.queue or "", m)
         self._authorize("configure", queue, m)
         found = await self._lookup(queue)
-        if found == "durable":
-            raise channel_error(PRECONDITION_FAILED, f"queue '{queue}' is a durable fluxpg queue shared by every "
-                                "connection and protocol; it is not deleted over AMQP (drop it with the admin "
-                                "tools)", m)
         count = 0
+        if found == "durable":
+            # Drops the queue with its segments (fluxpg.delete_queue); its consumers everywhere
+            # get basic.cancel. Queues of the config file are refused (406).
+            try:
+                count = await self.manager.delete_queue(queue, if_unused=bool(m.if_unused), if_empty=bool(m.if_empty))
+            except FluxError as exc:
+                raise _error_from_flux(exc, m) from None
         if found == "ephemeral":
             eq = self.manager.ephemeral.get(queue, create=False)
             if eq is not None:
@@ -846,6 +861,10 @@ class Channel:
         if found is None and not explicit:
             # A bare name must exist (RabbitMQ); `$queue/<name>` may create an ephemeral queue (FluxMQ).
             raise channel_error(NOT_FOUND, f"no queue '{queue}'", m)
+        holder = self.manager.exclusive_consumers.get(queue)
+        if holder is not None or (m.exclusive and any(s.queue == queue for s in self.manager.subscriptions)):
+            # RabbitMQ: an exclusive consumer is the queue's only consumer, both ways round.
+            raise channel_error(ACCESS_REFUSED, f"queue '{queue}' in exclusive use", m)
         consumer = Consumer(tag, queue, "ephemeral" if found != "durable" else self.manager.queue_info(queue).kind,
                             bool(m.no_ack))
         if m.no_ack:
@@ -857,6 +876,8 @@ class Channel:
         else:
             credit = None
         self.consumers[tag] = consumer
+        if m.exclusive:
+            self.manager.exclusive_consumers[queue] = consumer   # held before the await: no race
         try:
             consumer.sub = await self.manager.subscribe(
                 queue, group, f"amqp:{self.conn.id}:{self.id}:{tag}",
@@ -865,17 +886,24 @@ class Channel:
                 on_error=lambda exc, c=consumer: self._on_consumer_error(c, exc))
         except (ValueError, TypeError) as exc:
             self.consumers.pop(tag, None)
+            self._drop_exclusive(consumer)
             raise channel_error(PRECONDITION_FAILED, str(exc), m) from None
         except FluxError as exc:
             self.consumers.pop(tag, None)
+            self._drop_exclusive(consumer)
             raise _error_from_flux(exc, m) from None
         consumer.kind = consumer.sub.kind
         if not m.nowait:
             self.conn.write(framing.method_frame(self.id, Basic.ConsumeOk(tag)))
 
+    def _drop_exclusive(self, consumer: Consumer) -> None:
+        if self.manager.exclusive_consumers.get(consumer.queue) is consumer:
+            del self.manager.exclusive_consumers[consumer.queue]
+
     async def _basic_cancel(self, m: Basic.Cancel) -> None:
         consumer = self.consumers.pop(m.consumer_tag, None)
         if consumer is not None:
+            self._drop_exclusive(consumer)
             self._held = deque(h for h in self._held if h[0] is not consumer)
             if consumer.sub is not None:
                 await consumer.sub.close()
@@ -887,6 +915,7 @@ class Channel:
         if self.consumers.get(consumer.tag) is not consumer or self.state != "open":
             return
         del self.consumers[consumer.tag]
+        self._drop_exclusive(consumer)
         log.info("amqp091 %s: consumer %s of %s ended: %s", self.conn.name, consumer.tag, consumer.queue, exc)
         if self.conn.client_capability("consumer_cancel_notify"):
             self.conn.write(framing.method_frame(self.id, Basic.Cancel(consumer.tag, True)))

@@ -27,7 +27,7 @@ from fluxpg.protocols.amqp091.channel import Channel
 from fluxpg.protocols.amqp091.exchanges import ExchangeTable
 from fluxpg.protocols.amqp091.framing import (ACCESS_REFUSED, CHANNEL_ERROR, COMMAND_INVALID, CONNECTION_FORCED,
                                               FRAME_ERROR, FRAME_HEARTBEAT, FRAME_METHOD, MIN_FRAME_MAX,
-                                              NOT_IMPLEMENTED, AMQPError, FrameError, connection_error)
+                                              NOT_ALLOWED, AMQPError, FrameError, connection_error)
 
 log = logging.getLogger("fluxpg.amqp091")
 
@@ -65,6 +65,7 @@ class Connection:
         self.channel_max = SERVER_CHANNEL_MAX
         self.heartbeat = 0
         self.principal = None
+        self.vhost = "/"
         self.client_properties: dict[str, Any] = {}
         self.channels: dict[int, Channel] = {}
         self.exchanges = ExchangeTable()
@@ -146,9 +147,38 @@ class Connection:
         self.state = "open-wait"
 
     def _open(self, m: Conn.Open) -> None:
-        # Virtual hosts are not a fluxpg concept: every vhost name reaches the same broker.
+        # fluxpg has one namespace of queues: "/" and the vhosts the config names
+        # (amqp091.virtual_hosts) all reach it; any other is refused as RabbitMQ refuses a vhost
+        # that does not exist (530, pika: ProbableAccessDeniedError).
+        vhost = m.virtual_host or "/"
+        amqp091 = getattr(self.ctx.config, "amqp091", None) if self.ctx.config is not None else None
+        accepted = amqp091.accepts(vhost) if amqp091 is not None else vhost == "/"
+        if not accepted:
+            raise connection_error(NOT_ALLOWED, f"vhost {vhost} not found (fluxpg accepts '/' and "
+                                   "amqp091.virtual_hosts of its config)", m)
+        self.vhost = vhost
         self.state = "open"
         self.write(framing.method_frame(0, Conn.OpenOk()))
+
+    async def _update_secret(self, m: Conn.UpdateSecret) -> None:
+        """A new secret (e.g. a refreshed token) for the logged-in user: checked like the login
+        was; refused is connection.close 403, as RabbitMQ does. The new principal's permissions
+        apply from now on."""
+        secret = m.new_secret
+        if isinstance(secret, (bytes, bytearray)):
+            secret = bytes(secret).decode("utf-8", "replace")
+        user = self.principal.username if self.principal is not None else None
+        auth = self.ctx.auth or OpenAuthenticator()
+        try:
+            principal = await auth.authenticate(user, secret, protocol="amqp091", peer=self.peer)
+        except AuthError as exc:
+            log.info("amqp091 %s: update-secret of %r refused: %s", self.name, user, exc)
+            raise connection_error(ACCESS_REFUSED, "New secret was refused by one of the backends", m) from None
+        if principal.username != user:
+            raise connection_error(ACCESS_REFUSED, "New secret belongs to another user", m)
+        self.principal = principal
+        log.info("amqp091 %s: secret of %r updated (%s)", self.name, user, m.reason)
+        self.write(framing.method_frame(0, Conn.UpdateSecretOk()))
 
     # ------------------------------------------------------------------ frames
 
@@ -221,7 +251,7 @@ class Connection:
         if isinstance(m, Conn.CloseOk):
             raise connection_error(COMMAND_INVALID, "connection.close-ok without connection.close", m)
         if isinstance(m, Conn.UpdateSecret):
-            raise connection_error(NOT_IMPLEMENTED, "connection.update-secret is not supported", m)
+            return await self._update_secret(m)
         raise connection_error(COMMAND_INVALID, f"{m.name} is not valid on channel 0 of an open connection", m)
 
     # ------------------------------------------------------------------ closing

@@ -131,13 +131,16 @@ def shape(df: "DataFrame", fmt: str, decode: str | None = None, schema: "StructT
 
     raw: Column = F.col("payload")
     binary_ok = fmt == "parquet"
+    # RFC 4648 base64 on one line: Spark 4's base64() breaks lines every 76 characters (MIME),
+    # which strict decoders refuse.
+    b64 = F.regexp_replace(F.base64(raw), "[\\r\\n]", "")
     cols = [F.col(c) for c in BASE_COLUMNS]
     if decode is None:
-        cols.append((raw if binary_ok else F.base64(raw)).alias("payload"))
+        cols.append((raw if binary_ok else b64).alias("payload"))
         return df.select(*cols)
     text = raw.cast("string")  # reinterprets the bytes, no replacement characters
     valid = F.is_valid_utf8(text)
-    kept = F.when(~valid, raw if binary_ok else F.base64(raw))
+    kept = F.when(~valid, raw if binary_ok else b64)
     cols += [kept.alias("payload"), F.when(valid, text).alias("payload_text")]
     out = df.select(*cols)
     if decode == "json":

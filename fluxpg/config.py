@@ -399,6 +399,10 @@ class QueueConfig(_Strict):
         if self.type == "classic" and "max_age" not in self.retention.model_fields_set:
             # fluxpg.default_settings('classic'): no age limit (acks trim classic queues).
             self.retention.__dict__["max_age"] = timedelta(0)
+        if self.type == "stream" and "max_depth" not in self.limits.model_fields_set:
+            # fluxpg.default_settings('stream'): no depth limit unless set (a stream's depth is
+            # what its slowest group has not committed; retention bounds it otherwise).
+            self.limits.__dict__["max_depth"] = 0
         if self.dlq.topic == self.name:
             raise ValueError(f"dlq.topic of queue {self.name!r} names the queue itself")
         return self

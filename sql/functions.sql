@@ -11,7 +11,8 @@
 CREATE OR REPLACE FUNCTION fluxpg.default_settings(kind text DEFAULT 'classic') RETURNS jsonb
 LANGUAGE sql IMMUTABLE AS $$
   SELECT jsonb_build_object(
-    'limits', jsonb_build_object('max_message_size', 10485760, 'max_depth', 100000, 'message_ttl', '168h'),
+    'limits', jsonb_build_object('max_message_size', 10485760,
+                                 'max_depth', CASE WHEN kind = 'stream' THEN 0 ELSE 100000 END, 'message_ttl', '168h'),
     'retry', jsonb_build_object('max_retries', 10, 'initial_backoff', '5s', 'max_backoff', '5m', 'multiplier', 2.0),
     'dlq', jsonb_build_object('enabled', true, 'topic', ''),
     'retention', jsonb_build_object('max_age', CASE WHEN kind = 'stream' THEN '168h' ELSE '0s' END,
@@ -392,7 +393,7 @@ COMMENT ON FUNCTION fluxpg.retire_reserved(text[]) IS 'Un-reserve the reserved q
 -- ---------------------------------------------------------------------------------------------
 
 -- Reserve k offsets in one queue partition: take the head row lock (held to commit, so appends
--- to a partition commit in seq order), enforce max_depth for classic queues, and make sure
+-- to a partition commit in seq order), enforce max_depth, and make sure
 -- segments exist for the new rows (pre-creating the next one once the head reaches half of the
 -- newest). Returns the first reserved offset.
 CREATE OR REPLACE FUNCTION fluxpg._reserve(q fluxpg.queues, part int, k int) RETURNS bigint
@@ -409,13 +410,21 @@ BEGIN
   IF NOT FOUND THEN
     RAISE EXCEPTION USING ERRCODE = 'FP001', MESSAGE = format('queue %L has no partition %s', q.name, part);
   END IF;
-  IF q.kind = 'classic' AND max_depth > 0 AND first + k - floor_seq > max_depth THEN
-    -- Only now pay for the exact floor: the slowest group's committed offset.
-    SELECT coalesce(min(coalesce((SELECT min(p.seq) FROM fluxpg.pending p
-                                   WHERE p.group_id = c.group_id AND p.partition = c.partition), c.cursor)), floor_seq)
-      INTO floor_seq
-      FROM fluxpg.cursors c JOIN fluxpg.groups g ON g.id = c.group_id
-     WHERE g.queue_id = q.id AND c.partition = part;
+  IF max_depth > 0 AND first + k - floor_seq > max_depth THEN
+    -- Only now pay for the exact floor: the slowest group's progress (classic: its lowest pending
+    -- offset, else its cursor; stream: its committed offset). Without groups every retained
+    -- message is waiting.
+    IF q.kind = 'classic' THEN
+      SELECT coalesce(min(coalesce((SELECT min(p.seq) FROM fluxpg.pending p
+                                     WHERE p.group_id = c.group_id AND p.partition = c.partition), c.cursor)), floor_seq)
+        INTO floor_seq
+        FROM fluxpg.cursors c JOIN fluxpg.groups g ON g.id = c.group_id
+       WHERE g.queue_id = q.id AND c.partition = part;
+    ELSE
+      SELECT greatest(coalesce(min(c.committed), floor_seq), floor_seq) INTO floor_seq
+        FROM fluxpg.cursors c JOIN fluxpg.groups g ON g.id = c.group_id
+       WHERE g.queue_id = q.id AND c.partition = part;
+    END IF;
     IF first + k - floor_seq > max_depth THEN
       RAISE EXCEPTION USING ERRCODE = 'FP003',
         MESSAGE = format('queue %L is full: %s messages waiting, limits.max_depth is %s', q.name, first - floor_seq, max_depth);
@@ -874,8 +883,31 @@ END $$;
 -- re-reading its pending entries after a crash). Entries whose message expired or that were
 -- delivered 1 + max_retries times are dead-lettered instead; entries whose message is gone
 -- (segment dropped) are removed.
+-- Dead-letter due entries inside a claim. If that fails (the DLQ is full, or its message is too
+-- large for it) the entries are parked — visible again after the visibility timeout, the reason
+-- in pending.last_error (pending_entries) — and the claim goes on with the rest of the group: one
+-- poison message must not make every claim raise.
+CREATE OR REPLACE FUNCTION fluxpg._dead_letter_or_park(q fluxpg.queues, g fluxpg.groups, seqs bigint[], reason text,
+                                                       vt interval) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+  err text;
+BEGIN
+  BEGIN
+    PERFORM fluxpg._dead_letter(q, g, 0, seqs, reason);
+    RETURN;
+  EXCEPTION WHEN OTHERS THEN  -- a subtransaction: only what _dead_letter did is undone
+    GET STACKED DIAGNOSTICS err = MESSAGE_TEXT;
+  END;
+  UPDATE fluxpg.pending p SET visible_at = now() + greatest(vt, interval '1 second'),
+                              last_error = format('dead-lettering (%s) failed: %s', reason, err)
+   WHERE p.group_id = g.id AND p.partition = 0 AND p.seq BETWEEN fluxpg._lo(seqs) AND fluxpg._hi(seqs) AND p.seq = ANY (seqs);
+  RAISE WARNING 'queue %, group %: % message(s) could not be dead-lettered and are parked: %', q.name, g.name,
+    cardinality(seqs), err;
+END $$;
+
 CREATE OR REPLACE FUNCTION fluxpg._take_pending(q fluxpg.queues, g fluxpg.groups, consumer text, n int,
-                                                mode text, min_idle interval DEFAULT NULL)
+                                                mode text, min_idle interval DEFAULT NULL, after bigint DEFAULT NULL)
 RETURNS SETOF fluxpg.delivery LANGUAGE plpgsql AS $$
 DECLARE
   r record;
@@ -896,7 +928,7 @@ BEGIN
      WHERE p.group_id = g.id
        AND CASE mode WHEN 'due' THEN p.visible_at <= now()
                      WHEN 'idle' THEN p.delivered_at <= now() - min_idle
-                     ELSE p.consumer = _take_pending.consumer END
+                     ELSE p.consumer = _take_pending.consumer AND (after IS NULL OR p.seq > after) END
      ORDER BY CASE WHEN mode = 'due' THEN p.visible_at END, p.seq
      LIMIT n
        FOR UPDATE OF p SKIP LOCKED
@@ -911,8 +943,8 @@ BEGIN
   IF cardinality(gone_s) > 0 THEN
     DELETE FROM fluxpg.pending WHERE group_id = g.id AND partition = 0 AND seq BETWEEN fluxpg._lo(gone_s) AND fluxpg._hi(gone_s) AND seq = ANY (gone_s);
   END IF;
-  IF cardinality(expired_s) > 0 THEN PERFORM fluxpg._dead_letter(q, g, 0, expired_s, 'expired'); END IF;
-  IF cardinality(over_s) > 0 THEN PERFORM fluxpg._dead_letter(q, g, 0, over_s, 'max-deliveries'); END IF;
+  IF cardinality(expired_s) > 0 THEN PERFORM fluxpg._dead_letter_or_park(q, g, expired_s, 'expired', vt); END IF;
+  IF cardinality(over_s) > 0 THEN PERFORM fluxpg._dead_letter_or_park(q, g, over_s, 'max-deliveries', vt); END IF;
   IF cardinality(take_s) = 0 THEN RETURN; END IF;
   RETURN QUERY
   WITH upd AS (
@@ -981,16 +1013,20 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION fluxpg.claim(text, text, text, int) IS 'Classic queues: up to n messages for a consumer, redeliveries first, then new ones from the group cursor';
 
-CREATE OR REPLACE FUNCTION fluxpg.reclaim(queue text, grp text, consumer text, n int DEFAULT 100)
+CREATE OR REPLACE FUNCTION fluxpg.reclaim(queue text, grp text, consumer text, n int DEFAULT 100,
+                                          after bigint DEFAULT NULL)
 RETURNS SETOF fluxpg.delivery LANGUAGE plpgsql AS $$
 DECLARE
   q fluxpg.queues := fluxpg._queue(queue, 'classic', 'reclaim');
   g fluxpg.groups := fluxpg._group(q, grp, false);
 BEGIN
+  IF n IS NULL OR n < 1 THEN
+    RAISE EXCEPTION USING ERRCODE = 'FP004', MESSAGE = format('reclaim: n must be at least 1, got %s', n);
+  END IF;
   PERFORM fluxpg._touch_member(g.id, consumer);
-  RETURN QUERY SELECT * FROM fluxpg._take_pending(q, g, consumer, n, 'own');
+  RETURN QUERY SELECT * FROM fluxpg._take_pending(q, g, consumer, n, 'own', NULL, after);
 END $$;
-COMMENT ON FUNCTION fluxpg.reclaim(text, text, text, int) IS 'A consumer re-reads its own pending entries (XREADGROUP with id 0), e.g. after a crash';
+COMMENT ON FUNCTION fluxpg.reclaim(text, text, text, int, bigint) IS 'A consumer re-reads its own pending entries in offset order, those after offset `after` when given (XREADGROUP with an id: 0 or the last one seen), e.g. after a crash; page with after = the last offset returned';
 
 CREATE OR REPLACE FUNCTION fluxpg.claim_stale(queue text, grp text, consumer text, min_idle interval, n int DEFAULT 10)
 RETURNS SETOF fluxpg.delivery LANGUAGE plpgsql AS $$

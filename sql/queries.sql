@@ -20,7 +20,7 @@ SELECT queue, grp, partition, seq, topic, payload, headers, created_at, delivery
 
 -- name: reclaim
 SELECT queue, grp, partition, seq, topic, payload, headers, created_at, delivery_count
-  FROM fluxpg.reclaim($1, $2, $3, $4);
+  FROM fluxpg.reclaim($1, $2, $3, $4, $5);
 
 -- name: claim_stale
 SELECT queue, grp, partition, seq, topic, payload, headers, created_at, delivery_count

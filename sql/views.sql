@@ -75,9 +75,10 @@ COMMENT ON VIEW fluxpg.group_status IS 'Per group and partition: cursor (next to
 
 CREATE OR REPLACE VIEW fluxpg.pending_entries AS
 SELECT q.name AS queue, g.name AS grp, p.partition, p.seq, p.consumer, now() - p.delivered_at AS idle,
-       p.delivery_count, p.delivered_at, p.visible_at, q.name || ':' || p.seq AS message_id
+       p.delivery_count, p.delivered_at, p.visible_at, q.name || ':' || p.seq AS message_id,
+       p.last_error
   FROM fluxpg.pending p
   JOIN fluxpg.groups g ON g.id = p.group_id
   JOIN fluxpg.queues q ON q.id = g.queue_id
  ORDER BY q.name, g.name, p.partition, p.seq;
-COMMENT ON VIEW fluxpg.pending_entries IS 'XPENDING: every delivered, unacknowledged message with its consumer, idle time and delivery count';
+COMMENT ON VIEW fluxpg.pending_entries IS 'XPENDING: every delivered, unacknowledged message with its consumer, idle time and delivery count; last_error says why a due entry could not be dead-lettered (it is parked and retried)';

@@ -28,9 +28,11 @@ async def claim(pool: asyncpg.Pool, queue: str, group: str, consumer: str, n: in
     return [to_delivery(r, "classic") for r in await db.fetch(pool, "claim", queue, group, consumer, n)]
 
 
-async def reclaim(pool: asyncpg.Pool, queue: str, group: str, consumer: str, n: int = 100) -> list[Delivery]:
-    """The consumer's own pending entries, delivered again (after a crash or reconnect)."""
-    return [to_delivery(r, "classic") for r in await db.fetch(pool, "reclaim", queue, group, consumer, n)]
+async def reclaim(pool: asyncpg.Pool, queue: str, group: str, consumer: str, n: int = 100,
+                  after: int | None = None) -> list[Delivery]:
+    """The consumer's own pending entries, delivered again (after a crash or reconnect), in offset
+    order; `after` pages: only entries with a higher offset (XREADGROUP with an id)."""
+    return [to_delivery(r, "classic") for r in await db.fetch(pool, "reclaim", queue, group, consumer, n, after)]
 
 
 async def claim_stale(pool: asyncpg.Pool, queue: str, group: str, consumer: str,

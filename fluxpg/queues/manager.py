@@ -177,8 +177,14 @@ class Subscription:
         try:
             if self.kind == "classic":
                 # Entries this consumer had when it went away (crash, reconnect) come back first.
-                own = await classic.reclaim(self.manager.pool, self.queue, self.group, self.consumer, batch)
-                await self._deliver(own)
+                # Paged by offset: a consumer may hold more than one batch.
+                after = None
+                while not self._closed:
+                    own = await classic.reclaim(self.manager.pool, self.queue, self.group, self.consumer, batch, after)
+                    await self._deliver(own)
+                    if len(own) < batch or (self._credit is not None and self._credit <= 0):
+                        break
+                    after = own[-1].seq
             while not self._closed:
                 if self._credit is not None and self._credit <= 0:
                     if self.kind == "stream" and self.partitions > 1:

@@ -593,16 +593,14 @@ COMMENT ON FUNCTION fluxpg.append(text, bytea, jsonb) IS 'Append a message to ev
 -- Publishing inside the caller's transaction (the outbox without a relay)
 -- ---------------------------------------------------------------------------------------------
 -- fluxpg.publish() only INSERTs into fluxpg.staged: no head lock, so an application transaction of
--- any length blocks no other publisher. The deferred constraint trigger staged_append_at_commit
--- (sql/0005_outbox.sql) runs fluxpg._append_staged() when the caller commits (pre-commit): it takes the transaction's
--- rows out of fluxpg.staged and appends them with append_batch, so the head lock is held only for
--- the commit itself, offsets follow commit order exactly (the head lock orders them with every
--- other append), and a rollback leaves no trace and no gap. A queue that is full at commit fails
--- the commit (FP003), like a constraint violation: the message and the application's rows are
--- one. (`SET CONSTRAINTS ALL IMMEDIATE` would append at the end of the statement instead and hold
--- the head lock until commit: don't.) Each staging transaction also holds a shared advisory lock
--- per target queue (key 1179669332 = 'FPST', queue id) until it ends: queue_stats counts those to
--- show how many open transactions have messages waiting, and the oldest one's age.
+-- any length blocks no other publisher. At the caller's commit the deferred trigger staged_commit
+-- (sql/0005_outbox.sql) moves its rows to fluxpg.outbox, with ids taken at commit; the sequencer
+-- (fluxpg.sequence_staged(), run by the brokers) appends them to the log in that order in short
+-- transactions of its own. So offsets follow commit order, a rollback leaves no trace and no
+-- gap, and publishing transactions commit in parallel (they send no NOTIFY, which would serialise
+-- their commits; the sequencer polls instead). Each staging transaction also holds a shared
+-- advisory lock per target queue (key 1179669332 = 'FPST', queue id) until it ends: queue_stats
+-- counts those to show how many open transactions have messages waiting, and the oldest's age.
 
 CREATE OR REPLACE FUNCTION fluxpg._stage(ids int[], topic text, payload bytea, headers jsonb) RETURNS void
 LANGUAGE plpgsql AS $$
@@ -655,11 +653,73 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION fluxpg.publish_batch(text[], bytea[], jsonb[]) IS 'fluxpg.publish for many messages (in order) in the caller''s transaction; returns (ordinal, queue) per queue reached';
 
--- Per queue: open transactions holding messages published to it (their shared staging locks; the
--- rows themselves are invisible until commit), and the oldest such transaction's age.
-CREATE OR REPLACE FUNCTION fluxpg._staging(qid int, OUT staging_transactions int, OUT oldest_staging_age interval)
+-- Append committed outbox messages to the log, oldest first. One sequencer at a time (a
+-- transaction-scoped advisory lock; a second caller waits, then sees what committed meanwhile),
+-- so offsets follow the outbox order across nodes. A queue whose append fails (full, for
+-- instance) keeps its rows, in order, with the error, while the other queues' rows move on; rows
+-- of a queue that no longer exists are discarded with it. Returns the number of messages appended.
+CREATE OR REPLACE FUNCTION fluxpg.sequence_staged(max_rows int DEFAULT 5000) RETURNS int
+LANGUAGE plpgsql AS $$
+DECLARE
+  moved int := 0;
+  n int;
+  qid int;
+  r record;
+  upto bigint;
+BEGIN
+  SELECT max(id) INTO upto FROM (SELECT o.id FROM fluxpg.outbox o ORDER BY o.id LIMIT max_rows) x;
+  IF upto IS NULL THEN RETURN 0; END IF;     -- the idle poll: no lock taken
+  PERFORM pg_advisory_xact_lock(1179669332, 0);
+  SELECT max(id) INTO upto FROM (SELECT o.id FROM fluxpg.outbox o ORDER BY o.id LIMIT max_rows) x;
+  IF upto IS NULL THEN RETURN 0; END IF;
+  -- Fast path: everything in one append (one head lock per queue partition, one NOTIFY).
+  BEGIN
+    WITH taken AS (DELETE FROM fluxpg.outbox o WHERE o.id <= upto RETURNING o.*)
+    SELECT count(*) INTO n
+      FROM fluxpg.append_batch((SELECT array_agg(t.queue_id ORDER BY t.id) FROM taken t),
+                               (SELECT array_agg(t.topic ORDER BY t.id) FROM taken t),
+                               (SELECT array_agg(t.payload ORDER BY t.id) FROM taken t),
+                               (SELECT array_agg(t.headers ORDER BY t.id) FROM taken t),
+                               (SELECT array_agg(t.part_key ORDER BY t.id) FROM taken t));
+    RETURN n;
+  EXCEPTION WHEN OTHERS THEN
+    NULL;  -- some queue refused: go queue by queue below
+  END;
+  -- Slow path, queue by queue and message by message (a batch larger than the room left in a
+  -- queue must still make progress), stopping at a queue's first refusal to keep its order.
+  FOR qid IN SELECT DISTINCT o.queue_id FROM fluxpg.outbox o WHERE o.id <= upto ORDER BY 1 LOOP
+    IF NOT EXISTS (SELECT 1 FROM fluxpg.queues WHERE id = qid) THEN
+      DELETE FROM fluxpg.outbox o WHERE o.queue_id = qid AND o.id <= upto;
+      GET DIAGNOSTICS n = ROW_COUNT;
+      RAISE WARNING 'fluxpg: discarded % outbox messages of deleted queue id %', n, qid;
+      CONTINUE;
+    END IF;
+    FOR r IN SELECT o.id FROM fluxpg.outbox o WHERE o.queue_id = qid AND o.id <= upto ORDER BY o.id LOOP
+      BEGIN
+        WITH taken AS (DELETE FROM fluxpg.outbox o WHERE o.id = r.id RETURNING o.*)
+        SELECT count(*) INTO n
+          FROM taken t, fluxpg.append_batch(ARRAY[t.queue_id], ARRAY[t.topic], ARRAY[t.payload],
+                                            ARRAY[t.headers], ARRAY[t.part_key]);
+        moved := moved + n;
+      EXCEPTION WHEN OTHERS THEN
+        UPDATE fluxpg.outbox o SET attempts = o.attempts + 1, last_error = SQLERRM
+         WHERE o.queue_id = qid AND o.id <= upto;
+        EXIT;
+      END;
+    END LOOP;
+  END LOOP;
+  RETURN moved;
+END $$;
+COMMENT ON FUNCTION fluxpg.sequence_staged(int) IS 'Append messages of committed fluxpg.publish() transactions to the log in commit order (the brokers run it; call it yourself when no broker runs)';
+
+-- Per queue: committed outbox messages waiting for the sequencer, open transactions holding
+-- messages published to it (their shared staging locks; their rows are invisible until commit),
+-- and the oldest such transaction's age.
+CREATE OR REPLACE FUNCTION fluxpg._staging(qid int, OUT outbox bigint, OUT staging_transactions int,
+                                           OUT oldest_staging_age interval)
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
+  SELECT count(*) INTO outbox FROM fluxpg.outbox o WHERE o.queue_id = qid;
   SELECT count(*), now() - min(a.xact_start) INTO staging_transactions, oldest_staging_age
     FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
    WHERE l.locktype = 'advisory' AND l.classid = 1179669332::oid AND l.objid = qid::oid

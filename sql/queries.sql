@@ -10,6 +10,9 @@ SELECT fluxpg.declare_queue($1, $2, $3::text[], $4::jsonb);
 SELECT ord, queue_id, partition, seq
   FROM fluxpg.append_batch($1::int[], $2::text[], $3::bytea[], $4::jsonb[], $5::text[]);
 
+-- name: sequence_staged
+SELECT fluxpg.sequence_staged($1);
+
 -- name: claim
 SELECT queue, grp, partition, seq, topic, payload, headers, created_at, delivery_count
   FROM fluxpg.claim($1, $2, $3, $4);

@@ -51,12 +51,13 @@ SELECT q.name AS queue, q.kind, q.partitions,
                                ORDER BY l.seq LIMIT 1) o
          WHERE h2.queue_id = q.id) AS oldest_at,
        q.topics, (SELECT count(*) FROM fluxpg.groups g WHERE g.queue_id = q.id)::int AS groups,
+       (SELECT st.outbox FROM fluxpg._staging(q.id) st) AS outbox,
        (SELECT st.staging_transactions FROM fluxpg._staging(q.id) st) AS staging_transactions,
        (SELECT st.oldest_staging_age FROM fluxpg._staging(q.id) st) AS oldest_staging_age
   FROM fluxpg.queues q JOIN fluxpg.heads h ON h.queue_id = q.id
  GROUP BY q.id
  ORDER BY q.name;
-COMMENT ON VIEW fluxpg.queue_stats IS 'Per queue: head (messages ever appended), depth (classic: waiting for the slowest group; stream: retained), bytes, segments, oldest retained message time; staging_transactions / oldest_staging_age: open transactions that published to it with fluxpg.publish and have not committed yet';
+COMMENT ON VIEW fluxpg.queue_stats IS 'Per queue: head (messages ever appended), depth (classic: waiting for the slowest group; stream: retained), bytes, segments, oldest retained message time; outbox: messages of committed fluxpg.publish transactions waiting for the sequencer; staging_transactions / oldest_staging_age: open transactions that published to it and have not committed yet';
 
 CREATE OR REPLACE VIEW fluxpg.group_status AS
 SELECT q.name AS queue, gp.name AS grp, gp.mode, gp.partition, gp.cursor, gp.committed,

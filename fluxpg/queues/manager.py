@@ -32,6 +32,7 @@ from fluxpg.aio import cancel_and_wait
 from fluxpg.config import Config, QueueConfig, QueueManagerConfig
 from fluxpg.queues import classic, stream
 from fluxpg.queues.appender import Appender, AppendRow
+from fluxpg.queues.sequencer import Sequencer
 from fluxpg.queues.ephemeral import EphemeralQueues
 from fluxpg.delivery import Delivery
 from fluxpg.errors import (FluxError, InvalidArgument, PayloadTooLarge, PreconditionFailed, Unavailable,
@@ -289,6 +290,7 @@ class QueueManager:
         self._wakers: dict[int | None, asyncio.Event] = {}
         self._listener: db.Listener | None = None
         self.appender: Appender | None = None
+        self.sequencer: Sequencer | None = None
         self._tasks: list[asyncio.Task] = []
         self._retention = None
         self.started = False
@@ -319,6 +321,8 @@ class QueueManager:
         await self._declare_configured()
         self.appender = Appender(self.pool)
         self.appender.start()
+        self.sequencer = Sequencer(self.pool)
+        self.sequencer.start()
         self._tasks.append(asyncio.create_task(self._housekeeping(), name="fluxpg-housekeeping"))
         if retention:
             from fluxpg.queues.retention import RetentionLoop
@@ -332,6 +336,8 @@ class QueueManager:
             await sub.close()
         if self.appender is not None:
             await self.appender.close()
+        if self.sequencer is not None:
+            await self.sequencer.close()
         await cancel_and_wait(self._tasks)
         if self._retention is not None:
             await self._retention.close()

@@ -1,5 +1,5 @@
-"""Outbox: fluxpg.staged, where messages published inside an application transaction wait for its
-commit (fluxpg.publish no longer holds a queue's head lock until the caller commits).
+"""Outbox: fluxpg.staged (messages of open transactions) and fluxpg.outbox (committed, waiting for
+the sequencer), so fluxpg.publish no longer holds a queue's head lock until the caller commits.
 
 Revision ID: 0005_outbox
 Revises: 0004_mqtt_shared
@@ -21,4 +21,5 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.execute("DROP TABLE IF EXISTS fluxpg.staged")
-    op.execute("DROP FUNCTION IF EXISTS fluxpg._append_staged()")
+    op.execute("DROP TABLE IF EXISTS fluxpg.outbox")
+    op.execute("DROP FUNCTION IF EXISTS fluxpg._commit_staged()")

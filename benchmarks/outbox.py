@@ -1,0 +1,215 @@
+"""Publishing inside application transactions (fluxpg.publish, appended at commit): what it costs
+the broker and the application, as ratios within one run.
+
+    python benchmarks/outbox.py --dsn postgresql://postgres@127.0.0.1:5432/postgres \
+        [--pgmq-sql /path/to/pgmq.sql] [--rounds 3]
+
+1. Broker publish latency (a publisher awaiting each confirm at 200 msg/s) while 10 application
+   transactions each hold a published message open for 5 s, vs the same run without them
+   (target: p50 and p99 within 1.2 x).
+2. Throughput of transactional publishes, one message per transaction from 8 connections, vs
+   `pgmq.send` in the same kind of transaction on the same server (target >= 1.0 x). pgmq is
+   installed from its plain-SQL file (`pgmq-extension/sql/pgmq.sql` of the pgmq project) into the
+   benchmark's own database; without --pgmq-sql that row says so and is not measured.
+3. End-to-end latency publish -> delivery at 1,000 msg/s: a transaction (BEGIN; fluxpg.publish;
+   COMMIT) vs the broker's direct publish (target: p50 at most +2 ms).
+
+Rounds are interleaved (A, B, A, B, ...) and medians reported. Creates and drops a database of
+its own.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import fluxpg  # noqa: E402
+from fluxpg import db  # noqa: E402
+from fluxpg.config import Config, QueueConfig  # noqa: E402
+from fluxpg.queues.manager import QueueManager  # noqa: E402
+from fluxpg.testing import fresh_database  # noqa: E402
+
+PAYLOAD = b"x" * 256
+UNLIMITED = {"max_depth": 0}
+
+
+def percentile(values: list[float], p: float) -> float:
+    values = sorted(values)
+    return values[max(0, min(len(values) - 1, int(round(p / 100 * len(values))) - 1))]
+
+
+async def broker_publish_latency(mgr: QueueManager, dsn: str, queue: str, *, holders: int,
+                                 seconds: float = 5.0, rate: int = 200) -> dict:
+    """Confirm latency of broker publishes while `holders` application transactions keep a
+    published message open for the whole run."""
+    conns = [await db.connect(dsn) for _ in range(holders)]
+    txs = []
+    for i, c in enumerate(conns):
+        tx = c.transaction()
+        await tx.start()
+        await fluxpg.publish(c, f"$queue/{queue}/held", b"held-%d" % i)
+        txs.append(tx)
+    latencies = []
+    start = time.perf_counter()
+    for i in range(int(seconds * rate)):
+        delay = start + i / rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        t0 = time.perf_counter()
+        await mgr.publish(f"$queue/{queue}/k", PAYLOAD)
+        latencies.append(time.perf_counter() - t0)
+    for tx in txs:
+        await tx.commit()
+    for c in conns:
+        await c.close()
+    return {"p50_ms": 1000 * statistics.median(latencies), "p99_ms": 1000 * percentile(latencies, 99)}
+
+
+async def tx_throughput(dsn: str, statement: str, args: tuple, *, connections: int = 8,
+                        seconds: float = 5.0) -> float:
+    """Transactions per second, one statement (one message) each, from `connections` connections."""
+    stop = time.perf_counter() + seconds
+    counts = [0] * connections
+
+    async def worker(i: int) -> None:
+        c = await db.connect(dsn)
+        try:
+            while time.perf_counter() < stop:
+                async with c.transaction():
+                    await c.execute(statement, *args)
+                counts[i] += 1
+        finally:
+            await c.close()
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker(i) for i in range(connections)))
+    return sum(counts) / (time.perf_counter() - started)
+
+
+async def end_to_end(mgr: QueueManager, dsn: str, queue: str, *, transactional: bool, rate: int = 1000,
+                     seconds: float = 3.0) -> dict:
+    group = "e2e-tx" if transactional else "e2e-direct"
+    sent: dict[bytes, float] = {}
+    latencies: list[float] = []
+    total = int(rate * seconds)
+    finished = asyncio.Event()
+    acks: list[int] = []
+
+    def on_delivery(d):
+        latencies.append(time.perf_counter() - sent[d.payload])
+        acks.append(d.seq)
+        if len(latencies) >= total:
+            finished.set()
+
+    sub = await mgr.subscribe(queue, group, "e2e", on_delivery=on_delivery, credit=None)
+    app = await db.connect(dsn)
+    await asyncio.sleep(0.3)
+    start = time.perf_counter()
+    pending = []
+    for i in range(total):
+        delay = start + i / rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        key = b"%s-%08d" % (group.encode(), i)
+        sent[key] = time.perf_counter()
+        if transactional:
+            async with app.transaction():
+                await fluxpg.publish(app, f"$queue/{queue}/k", key)
+        else:
+            await mgr.publish(f"$queue/{queue}/k", key)
+        if len(acks) >= 100:
+            batch, acks[:] = list(acks), []
+            pending.append(asyncio.ensure_future(mgr.ack(queue, group, batch)))
+    await asyncio.gather(*pending)
+    await asyncio.wait_for(finished.wait(), 60)
+    await sub.close()
+    await app.close()
+    # Each group reads the whole queue; only its own messages count.
+    return {"p50_ms": 1000 * statistics.median(latencies), "p99_ms": 1000 * percentile(latencies, 99)}
+
+
+async def main(args) -> dict:
+    results: dict = {"rounds": args.rounds, "cpus": os.cpu_count(), "payload_bytes": len(PAYLOAD)}
+    with fresh_database(args.dsn) as dsn:
+        await asyncio.to_thread(db.migrate, dsn)
+        pgmq = None
+        if args.pgmq_sql:
+            conn = await db.connect(dsn)
+            await conn.execute(args.pgmq_sql.read_text())
+            await conn.execute("SELECT pgmq.create('bench')")
+            await conn.close()
+            pgmq = "SELECT pgmq.send('bench', $1::jsonb)"
+        queues = [QueueConfig(name=n, topics=[f"$queue/{n}/#"], limits=UNLIMITED)
+                  for n in ("held", "txq", "e2e_direct", "e2e_tx")]
+        mgr = await QueueManager.start(dsn, Config(queues=queues), migrate=False, retention=False)
+        try:
+            rows: dict[str, list] = {k: [] for k in ("latency_without", "latency_with", "tx_fluxpg", "tx_pgmq",
+                                                   "e2e_direct", "e2e_tx")}
+            body = json.dumps({"payload": PAYLOAD.decode()})
+            for r in range(args.rounds):
+                print(f"round {r + 1}/{args.rounds}", file=sys.stderr)
+                rows["latency_without"].append(await broker_publish_latency(mgr, dsn, "held", holders=0))
+                rows["latency_with"].append(await broker_publish_latency(mgr, dsn, "held", holders=10))
+                rows["tx_fluxpg"].append(await tx_throughput(dsn, "SELECT fluxpg.publish('$queue/txq/k', $1)", (PAYLOAD,)))
+                if pgmq:
+                    rows["tx_pgmq"].append(await tx_throughput(dsn, pgmq, (body,)))
+                rows["e2e_direct"].append(await end_to_end(mgr, dsn, "e2e_direct", transactional=False))
+                rows["e2e_tx"].append(await end_to_end(mgr, dsn, "e2e_tx", transactional=True))
+        finally:
+            await mgr.close()
+
+    def med(key, field=None):
+        values = [v[field] if field else v for v in rows[key]]
+        return statistics.median(values) if values else None
+
+    results.update({
+        "publish_p50_ms_without": med("latency_without", "p50_ms"), "publish_p99_ms_without": med("latency_without", "p99_ms"),
+        "publish_p50_ms_with": med("latency_with", "p50_ms"), "publish_p99_ms_with": med("latency_with", "p99_ms"),
+        "tx_per_s_fluxpg": med("tx_fluxpg"), "tx_per_s_pgmq": med("tx_pgmq"),
+        "e2e_p50_ms_direct": med("e2e_direct", "p50_ms"), "e2e_p99_ms_direct": med("e2e_direct", "p99_ms"),
+        "e2e_p50_ms_tx": med("e2e_tx", "p50_ms"), "e2e_p99_ms_tx": med("e2e_tx", "p99_ms"),
+        "raw": rows,
+    })
+    return results
+
+
+def report(r: dict) -> str:
+    def ratio(a, b):
+        return f"{a / b:.2f}" if a and b else "—"
+    lines = [
+        f"medians of {r['rounds']} interleaved rounds, {r['cpus']} CPUs",
+        "",
+        "| measure | without / direct / pgmq | with / transactional / fluxpg | ratio | target |",
+        "| --- | ---: | ---: | ---: | --- |",
+        f"| broker publish p50 (ms), 10 open app transactions | {r['publish_p50_ms_without']:.2f} | "
+        f"{r['publish_p50_ms_with']:.2f} | {ratio(r['publish_p50_ms_with'], r['publish_p50_ms_without'])} | ≤ 1.2 |",
+        f"| broker publish p99 (ms), 10 open app transactions | {r['publish_p99_ms_without']:.2f} | "
+        f"{r['publish_p99_ms_with']:.2f} | {ratio(r['publish_p99_ms_with'], r['publish_p99_ms_without'])} | ≤ 1.2 |",
+        f"| transactions/s, one message each, 8 connections | "
+        f"{r['tx_per_s_pgmq'] and format(r['tx_per_s_pgmq'], ',.0f') or 'pgmq not installed'} | "
+        f"{r['tx_per_s_fluxpg']:,.0f} | {ratio(r['tx_per_s_fluxpg'], r['tx_per_s_pgmq'])} | ≥ 1.0 |",
+        f"| end-to-end p50 (ms) at 1,000 msg/s | {r['e2e_p50_ms_direct']:.2f} | {r['e2e_p50_ms_tx']:.2f} | "
+        f"+{r['e2e_p50_ms_tx'] - r['e2e_p50_ms_direct']:.2f} ms | ≤ +2 ms |",
+        f"| end-to-end p99 (ms) at 1,000 msg/s | {r['e2e_p99_ms_direct']:.2f} | {r['e2e_p99_ms_tx']:.2f} | | |",
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dsn", default=os.environ.get("FLUXPG_TEST_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"))
+    parser.add_argument("--pgmq-sql", type=Path, help="pgmq's plain-SQL install file (pgmq-extension/sql/pgmq.sql)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    result = asyncio.run(main(args))
+    print(report(result))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2, default=str))

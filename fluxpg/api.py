@@ -123,7 +123,7 @@ class Consumer:
         if self._subscription is None:
             self._subscription = await self.broker.manager.subscribe(
                 self.queue, self.group, self.consumer, on_delivery=self._inbox.put_nowait,
-                on_error=self._inbox.put_nowait, credit=self._prefetch, **self._args)
+                on_error=self._inbox.put_nowait, credit=self._prefetch, handed_by_caller=True, **self._args)
         return self
 
     @property
@@ -139,6 +139,9 @@ class Consumer:
         item = await self._inbox.get()
         if isinstance(item, FluxError):
             raise item
+        # Only now does the application have it: stream auto-commit stops here, not at the
+        # prefetched messages still in the inbox (they are read again by the next consumer).
+        self._subscription.handed(item)
         if self._subscription.kind in ("stream", "ephemeral"):
             # Nothing to settle for flow control: streams checkpoint, ephemeral is fire-and-forget.
             self._subscription.grant(1)

@@ -74,7 +74,7 @@ class Subscription:
     def __init__(self, manager: QueueManager, queue: str, kind: str, group: str, consumer: str,
                  topic_filter: str | None, on_delivery: DeliveryCallback, credit: int | None,
                  on_error: ErrorCallback | None = None, queue_id: int | None = None,
-                 auto_commit: bool = True, partitions: int = 1):
+                 auto_commit: bool = True, partitions: int = 1, handed_by_caller: bool = False):
         self.manager = manager
         self.queue = queue
         self.kind = kind
@@ -93,7 +93,11 @@ class Subscription:
             self._credit_event.set()
         self._closed = False
         self._task: asyncio.Task | None = None
-        self._delivered_max: dict[int, int] = {}   # stream: partition → highest delivered offset
+        # Stream auto-commit goes up to what the application got: a delivery callback that sends to
+        # the network hands each message over; one that only buffers (the embedding API's
+        # prefetch) says so with handed_by_caller and reports each message it gives out (handed()).
+        self.handed_by_caller = handed_by_caller
+        self._delivered_max: dict[int, int] = {}   # stream: partition → highest handed-over offset
         self._committed_max: dict[int, int] = {}
         self.delivered = 0
 
@@ -127,6 +131,11 @@ class Subscription:
             if self._credit <= 0:
                 self._credit_event.clear()
 
+    def handed(self, d: Delivery) -> None:
+        """`d` reached the application: stream auto-commit may now checkpoint past it."""
+        if self.kind == "stream":
+            self._delivered_max[d.partition] = max(self._delivered_max.get(d.partition, -1), d.seq)
+
     # --- ephemeral push --------------------------------------------------------------------------
 
     def offer(self, delivery: Delivery) -> bool:
@@ -159,8 +168,8 @@ class Subscription:
                 return  # classic: stays pending, comes back after the visibility timeout
             self._take_credit()
             self.delivered += 1
-            if self.kind == "stream":
-                self._delivered_max[d.partition] = max(self._delivered_max.get(d.partition, -1), d.seq)
+            if self.kind == "stream" and not self.handed_by_caller:
+                self.handed(d)
             try:
                 result = self._on_delivery(d)
                 if asyncio.iscoroutine(result):
@@ -548,7 +557,8 @@ class QueueManager:
 
     async def subscribe(self, queue: str, group: str, consumer: str, *, on_delivery: DeliveryCallback,
                         filter: str | None = None, position: object = None, auto_commit: bool | None = None,
-                        credit: int | None = 100, on_error: ErrorCallback | None = None) -> Subscription:
+                        credit: int | None = 100, on_error: ErrorCallback | None = None,
+                        handed_by_caller: bool = False) -> Subscription:
         """Join `group` of `queue` as `consumer`; deliveries go to on_delivery in offset order.
 
         position (streams): first | last | next | <offset> | offset=N | timestamp=N; None resumes
@@ -592,7 +602,8 @@ class QueueManager:
             elif not any(s.queue == queue and s.group == internal for s in self.subscriptions):
                 await stream.seek(self.pool, queue, internal, "resume")
         sub = Subscription(self, queue, info.kind, internal, consumer, filter, on_delivery, credit, on_error,
-                           queue_id=info.id, auto_commit=effective_auto, partitions=info.partitions)
+                           queue_id=info.id, auto_commit=effective_auto, partitions=info.partitions,
+                           handed_by_caller=handed_by_caller)
         self.subscriptions.add(sub)
         sub.start()
         return sub

@@ -99,3 +99,25 @@ async def test_reclaim_pages_through_pending_entries_after_an_offset(conn, qname
     await asyncio.wait_for(done.wait(), 10)  # long before the 30 s visibility timeout
     await sub.close()
     assert got == [0, 1, 2, 3, 4]
+
+
+async def test_stream_auto_commit_of_the_embedding_api_commits_only_what_the_application_took(dsn, qname):
+    import fluxpg
+
+    async with fluxpg.connect(dsn, migrate=False) as broker:
+        await broker.declare(qname, type="stream")
+        for i in range(6):
+            await broker.publish(f"$queue/{qname}/k", f"m{i}".encode())
+        async with broker.consume(qname, group="audit", position="first", prefetch=100) as messages:
+            taken = [(await messages.get(timeout=10)).payload for _ in range(3)]
+            # All six are prefetched by now; the application took three.
+            for _ in range(100):
+                if messages._inbox.qsize() == 3:
+                    break
+                await asyncio.sleep(0.05)
+            assert messages._inbox.qsize() == 3
+        assert taken == [b"m0", b"m1", b"m2"]
+        # Before: the close committed all six and m3..m5 were never seen.
+        async with broker.consume(qname, group="audit") as messages:
+            rest = [(await messages.get(timeout=10)).payload for _ in range(3)]
+        assert rest == [b"m3", b"m4", b"m5"]

@@ -155,6 +155,14 @@ def _read_postmaster_pid(data_dir: Path) -> tuple[int, Path | None] | None:
     return pid, socket_dir
 
 
+def _read_postmaster_port(data_dir: Path) -> int | None:
+    """The port line of ``postmaster.pid`` (its 4th line), None when it cannot be read."""
+    try:
+        return int((data_dir / "postmaster.pid").read_text().splitlines()[3])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _run(cmd: list[str], *, user: str | None, cwd: Path, timeout: float) -> subprocess.CompletedProcess:
     # Output goes to temporary files, not pipes: the postmaster started by pg_ctl would inherit a
     # pipe and keep it open, and reading it would then never end (pgserver notes the same hang).
@@ -435,6 +443,10 @@ class EmbeddedPostgres:
             # We hold the lock, so this server belongs to a fluxpg that died (and whose watchdog
             # died too). Take it over: it is stopped like one we started.
             self._pid, self._socket_dir = found
+            # The port it listens on (socket file name, TCP) is the dead owner's choice, not ours.
+            port = _read_postmaster_port(self.data_dir)
+            if port is not None:
+                self._port = port
             self.adopted = True
             return
         if found is not None:

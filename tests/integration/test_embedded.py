@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import os
 import shutil
 import signal
@@ -152,16 +154,16 @@ def test_foreign_directory_is_refused(tmp_path):
 OWNER = textwrap.dedent("""
     import sys, time
     from fluxpg.embedded import EmbeddedPostgres
-    pg = EmbeddedPostgres(sys.argv[1]).start()
+    pg = EmbeddedPostgres(sys.argv[1], tcp=sys.argv[2] == "tcp").start()
     print(pg.pid, flush=True)
     time.sleep(120)
 """)
 
 
-def start_owner(data_dir: Path) -> tuple[subprocess.Popen, int]:
+def start_owner(data_dir: Path, *, tcp: bool = False) -> tuple[subprocess.Popen, int]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-c", OWNER, str(data_dir)], stdout=subprocess.PIPE,
-                            text=True, env=env)
+    proc = subprocess.Popen([sys.executable, "-c", OWNER, str(data_dir), "tcp" if tcp else ""],
+                            stdout=subprocess.PIPE, text=True, env=env)
     line = proc.stdout.readline()
     assert line.strip().isdigit(), f"owner did not start a server (exit {proc.poll()})"
     return proc, int(line)
@@ -193,10 +195,18 @@ def _can_start(data_dir: Path) -> bool:
 
 def test_orphaned_server_is_adopted_and_stopped(tmp_path):
     data_dir = tmp_path / "pgdata"
-    owner, pid = start_owner(data_dir)
+    owner, pid = start_owner(data_dir, tcp=True)
     # Kill the watchdog first, then the owner: the server is left running with nobody to stop it.
-    watchdogs = [p for p in psutil.Process(owner.pid).children() if "_watchdog_main" in " ".join(p.cmdline())]
-    assert len(watchdogs) == 1
+    watchdogs: list[psutil.Process] = []
+
+    def find_watchdog() -> bool:
+        # Waited for, not assumed: under load the child list and its command line may lag.
+        with contextlib.suppress(psutil.Error):
+            watchdogs[:] = [p for p in psutil.Process(owner.pid).children()
+                            if "_watchdog_main" in " ".join(p.cmdline())]
+        return len(watchdogs) == 1
+
+    wait_until(find_watchdog, what="the owner's watchdog")
     watchdog = watchdogs[0]
     watchdog.kill()
     # Our child's child: it stays a zombie until the owner reaps it, so wait for either state.
@@ -205,11 +215,14 @@ def test_orphaned_server_is_adopted_and_stopped(tmp_path):
     owner.kill()
     owner.wait()
     assert postgres_processes(data_dir), "the orphan should still be running"
+    owner_port = int((data_dir / "postmaster.pid").read_text().splitlines()[3])
 
-    with EmbeddedPostgres(data_dir) as pg:
+    with EmbeddedPostgres(data_dir, tcp=True) as pg:
         assert pg.adopted and pg.pid == pid
-        assert select_one(pg.dsn) == 1
-    assert postgres_processes(data_dir) == []
+        # The adopter reaches it on the port the dead owner chose (a free port, not 5432).
+        assert pg.dsn.endswith(f":{owner_port}/postgres") and select_one(pg.dsn) == 1
+    # stop() returns once the postmaster is gone; the process table may show it a moment longer.
+    wait_until(lambda: postgres_processes(data_dir) == [], what="the adopted server to stop")
 
 
 # -- testing: the server chain and fresh databases ---------------------------------------------------

@@ -481,6 +481,31 @@ def _effective_listeners(config: Config, overrides: dict[str, str | None]) -> di
     return {name: address for name, address in wanted.items() if address}
 
 
+def listen_conflicts(listeners: dict[str, str]) -> list[str]:
+    """`--http 0.0.0.0:8082 (Address already in use)` for each listener address that cannot be
+    bound now (probed like asyncio binds: SO_REUSEADDR; the probe is closed at once). Two
+    listeners of ours on one address conflict too."""
+    import socket
+
+    problems: list[str] = []
+    seen: dict[tuple[str, int], str] = {}
+    for name, address in listeners.items():
+        host, port = parse_address(address)
+        if port != 0 and (host, port) in seen:
+            problems.append(f"--{name} {address} (also given to --{seen[host, port]})")
+            continue
+        seen[host, port] = name
+        try:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+            family, kind, proto, _, sockaddr = infos[0]
+            with socket.socket(family, kind, proto) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                probe.bind(sockaddr)
+        except OSError as exc:
+            problems.append(f"--{name} {address} ({exc.strerror or exc})")
+    return problems
+
+
 def _log_banner(config: Config, dsn: str, embedded: EmbeddedPostgres | None,
                 listeners: dict[str, str], workers: int) -> None:
     where = f" (embedded PostgreSQL in {embedded.data_dir})" if embedded is not None else ""
@@ -537,6 +562,13 @@ def serve(
             if zero:
                 raise CliError(f"--workers needs fixed ports; {', '.join(zero)} asks for port 0 "
                                "(each worker would get a different one)", 2)
+        # Before anything starts (the embedded PostgreSQL takes seconds): every address that
+        # cannot be listened on, all in one message.
+        conflicts = listen_conflicts(listeners)
+        if conflicts:
+            raise CliError("cannot listen on " + "; ".join(conflicts)
+                           + " — stop what uses them, or pick other addresses (--mqtt/--amqp/--amqp091/--http/--ws, "
+                           "'off' disables one)", 1)
         directory = None
         if not dsn:
             directory = Path(data_dir or config.database.data_dir or default_data_dir()).expanduser()

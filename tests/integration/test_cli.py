@@ -349,6 +349,25 @@ def test_port_in_use_names_the_flag(dsn):
     assert "already in use" in line
 
 
+def test_every_conflicting_address_is_reported_before_the_embedded_server_starts(private_tmp):
+    env = cli_env(HOME=str(private_tmp), XDG_DATA_HOME=str(private_tmp / "data"))
+    env.pop("FLUXPG_TEST_DSN", None)
+    with socket.socket() as a, socket.socket() as b:
+        for s in (a, b):
+            s.bind(("127.0.0.1", 0))
+            s.listen()
+        pa, pb = a.getsockname()[1], b.getsockname()[1]
+        free = free_port()
+        proc = run("serve", "--mqtt", f"127.0.0.1:{pa}", "--amqp", f"127.0.0.1:{pb}", "--amqp091", "off",
+                   "--http", f"127.0.0.1:{free}", "--ws", f"127.0.0.1:{free}", env=env, cwd=private_tmp, timeout=60)
+    assert proc.returncode == 1
+    line = assert_one_error_line(proc.stderr.decode(), f"--mqtt 127.0.0.1:{pa}", f"--amqp 127.0.0.1:{pb}",
+                                 f"--ws 127.0.0.1:{free} (also given to --http)")
+    assert "already in use" in line
+    # Nothing was started: no embedded PostgreSQL, not even its data directory.
+    assert not (private_tmp / "data" / "fluxpg" / "pgdata").exists()
+
+
 def test_serve_with_a_dsn_announces_itself_and_stops_on_sigterm(database):
     # Trust authentication ignores the password; it must not appear in the output anyway.
     with_password = database.replace("postgres@", "postgres:s3cret-pw@", 1)

@@ -396,6 +396,39 @@ def test_serve_with_a_dsn_announces_itself_and_stops_on_sigterm(database):
     assert sql(database, "SELECT count(*) FROM fluxpg.nodes") == [(0,)]
 
 
+EXAMPLES = sorted((REPO / "config" / "examples").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_config_examples_run_as_shipped_on_the_embedded_server(private_tmp, example):
+    """Only the listener ports are moved (the machine's MQTT/AMQP brokers hold the defaults); the
+    database is the embedded one, as for a newcomer, and every configured queue is declared."""
+    from fluxpg.config import load_config
+
+    config = load_config(example)
+    env = cli_env(HOME=str(private_tmp), XDG_DATA_HOME=str(private_tmp / "data"))
+    env.pop("FLUXPG_TEST_DSN", None)
+    http = free_port()
+    ports = []
+    for name, address in {"mqtt": config.listeners.mqtt, "amqp": config.listeners.amqp,
+                          "amqp091": config.listeners.amqp091, "ws": config.listeners.ws}.items():
+        ports += [f"--{name}", f"127.0.0.1:{free_port()}" if address else "off"]
+    proc = subprocess.Popen([*CLI, "serve", "--config", str(example), *ports, "--http", f"127.0.0.1:{http}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=private_tmp)
+    try:
+        wait_healthy(proc, http)
+        queues = run("queues", "--json", env=env)
+        assert queues.returncode == 0, queues.stderr
+        assert {q.name for q in config.effective_queues()} <= {q["queue"] for q in json.loads(queues.stdout)}
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out, err = proc.communicate()
+    assert "Traceback" not in (out + err).decode()
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_serve_embedded_stops_cleanly(private_tmp, sig):
     env = cli_env(HOME=str(private_tmp), XDG_DATA_HOME=str(private_tmp / "data"))

@@ -16,8 +16,12 @@ Semantics (FluxMQ's documented behaviour, DESIGN §4), and the choices made wher
   the existing kind is 406 PRECONDITION_FAILED. `exclusive`/`auto_delete` queues and server-named
   queues (`amq.gen-…`) are FluxMQ ephemeral queues (in memory, best effort). Passive declare:
   404 when missing, message-count = the queue's depth.
-* queue.purge is refused (406): a fluxpg queue is a shared log. queue.delete of a durable queue is
-  refused (406) for the same reason; deleting an ephemeral or unknown queue succeeds.
+* queue.purge (classic): every undelivered message is skipped (fluxpg.purge_queue: group cursors
+  to the head; the log is left to retention), delivered-unacknowledged ones stay pending;
+  purge-ok counts the skipped ones. A stream is refused (406). queue.delete drops the queue with
+  its segments (fluxpg.delete_queue; if-unused / if-empty), its consumers get basic.cancel; a
+  queue of the config file is refused (406); deleting an unknown queue succeeds (RabbitMQ).
+  Non-passive declares of `amq.*` names are 403 (reserved for server-named queues).
 * Exchanges and bindings are per connection and never persisted (FluxMQ). Publishing through an
   exchange appends to `$queue/<queue>/<routing-key>` for every bound queue; direct, fanout,
   topic (AMQP `*`/`#` words) and headers exchanges, exchange-to-exchange bindings.
@@ -34,7 +38,8 @@ Semantics (FluxMQ's documented behaviour, DESIGN §4), and the choices made wher
   share its messages as in RabbitMQ and a stream reader resumes from the same checkpoint — give
   stream readers distinct groups to read independently), `x-stream-offset` (first, last, next,
   an integer, offset=N, timestamp=N, an AMQP timestamp), `x-auto-commit` (bool or "true").
-  `exclusive` is accepted and not enforced (a group may span nodes).
+  `exclusive`: the queue's only consumer on this node (403 ACCESS_REFUSED for another consumer,
+  or for an exclusive one while others exist); consumers on other nodes are not seen.
 * basic.qos: prefetch per consumer (global=false, for consumers created afterwards) or per channel
   (global=true); prefetch_size is ignored.
 * basic.ack → ack (stream: checkpoint); nack/reject with requeue → nack (classic: redelivery after
@@ -46,6 +51,12 @@ Semantics (FluxMQ's documented behaviour, DESIGN §4), and the choices made wher
 * Per-message `expiration` is stored and delivered back but not enforced (queue-level
   `x-message-ttl` / `limits.message_ttl` is). `connection.blocked` is advertised (clients may
   receive it) but never sent: a full queue nacks its publishes instead (`max_depth`).
-* Not supported: tx.* and channel.flow(active=false) (540 NOT_IMPLEMENTED), auth mechanisms
-  other than PLAIN, virtual hosts (any name reaches the same broker).
+* tx.select/commit/rollback: the channel's publishes and acks/nacks/rejects are collected in a
+  queues Transaction and applied in one PostgreSQL transaction at commit (nothing at rollback or
+  channel close); tx and confirm mode exclude each other (406).
+* Virtual hosts: "/" and `amqp091.virtual_hosts` of the config are accepted and reach the same
+  queues; others are connection.close 530. connection.update-secret re-authenticates the user
+  (403 when refused).
+* Not supported: channel.flow(active=false) (540 NOT_IMPLEMENTED), auth mechanisms other than
+  PLAIN.
 """

@@ -34,6 +34,9 @@ class ConnectionInfo:
     client_id: str | None = None     # MQTT client id, AMQP container id, …
     user: str | None = None
     task: asyncio.Task | None = field(default=None, repr=False)
+    # Set by the protocol once the client's handshake and login are done (bounds.handshake_timeout:
+    # the listener closes a connection that has not got this far in time).
+    logged_in: bool = False
 
     def close(self) -> bool:
         """Close the connection (cancel its task). False when it had ended already."""
@@ -68,6 +71,13 @@ class Registry:
         for info in self._by_id.values():
             out[info.protocol] = out.get(info.protocol, 0) + 1
         return out
+
+
+def logged_in() -> None:
+    """The calling protocol handler's client finished its handshake and login."""
+    info = _current.get()
+    if info is not None:
+        info.logged_in = True
 
 
 def current() -> ConnectionInfo | None:

@@ -121,9 +121,25 @@ class Listener:
         self.port = sock.getsockname()[1]
         log.info("%s listener on %s:%d%s", self.name, self.host, self.port, " (TLS)" if self.ssl else "")
 
+    def _handshake_limit(self) -> float:
+        bounds = getattr(self.ctx.config, "bounds", None)
+        timeout = getattr(bounds, "handshake_timeout", None)
+        return timeout.total_seconds() if timeout else 0.0
+
+    def _handshake_expired(self, info: ConnectionInfo, limit: float) -> None:
+        if info.logged_in or info.task is None or info.task.done():
+            return
+        log.info("%s: %s connection from %s did not finish its handshake and login within %ss of accept "
+                 "(bounds.handshake_timeout): closing", self.name, info.protocol, info.peer, limit)
+        info.task.cancel()
+
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         self.ctx.connections.add(task)
+        loop = asyncio.get_running_loop()
+        # An absolute deadline from accept: bytes trickled in one at a time do not extend it.
+        limit = self._handshake_limit()
+        accepted = loop.time()
         try:
             sock = writer.get_extra_info("socket")
             if sock is not None:
@@ -132,7 +148,7 @@ class Listener:
                 except OSError:
                     pass
             try:
-                initial = await asyncio.wait_for(_read_header(reader), SNIFF_TIMEOUT)
+                initial = await asyncio.wait_for(_read_header(reader), min(SNIFF_TIMEOUT, limit or SNIFF_TIMEOUT))
             except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError):
                 return
             protocol = sniff(initial)
@@ -146,9 +162,14 @@ class Listener:
             peer = writer.get_extra_info("peername")
             info = self.ctx.registry.add(ConnectionInfo(
                 protocol, f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer), self.name, task=task))
+            # HTTP has no login step of its own (aiohttp bounds its requests; auth is per request).
+            watchdog = (loop.call_later(max(0.0, limit - (loop.time() - accepted)), self._handshake_expired, info, limit)
+                        if limit and protocol != "http" else None)
             try:
                 await handler(reader, writer, initial, self.ctx)
             finally:
+                if watchdog is not None:
+                    watchdog.cancel()
                 self.ctx.registry.remove(info)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass

@@ -22,6 +22,7 @@ from pamqp import commands
 
 from fluxpg import connections
 from fluxpg.auth import AuthError, OpenAuthenticator
+from fluxpg.protocols import prescan
 from fluxpg.protocols.amqp091 import framing
 from fluxpg.protocols.amqp091.channel import Channel
 from fluxpg.protocols.amqp091.exchanges import ExchangeTable
@@ -159,6 +160,7 @@ class Connection:
         self.vhost = vhost
         self.state = "open"
         self.write(framing.method_frame(0, Conn.OpenOk()))
+        connections.logged_in()   # the listener's handshake deadline no longer applies
 
     async def _update_secret(self, m: Conn.UpdateSecret) -> None:
         """A new secret (e.g. a refreshed token) for the logged-in user: checked like the login
@@ -317,8 +319,11 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ini
         await writer.drain()
         return
     conn = Connection(ctx, _Transport(writer), peer)
-    decoder = framing.FrameDecoder(SERVER_FRAME_MAX)
+    decoder = framing.FrameDecoder(SERVER_FRAME_MAX, prescan.Limits.from_config(ctx.config))
     loop = asyncio.get_running_loop()
+    bounds = getattr(ctx.config, "bounds", None)
+    frame_timeout = bounds.frame_timeout.total_seconds() if bounds is not None else 0.0
+    frame_started: float | None = None   # when the first byte of the incomplete frame arrived
     conn.start()
     beat = asyncio.create_task(_heartbeats(conn), name=f"amqp091-heartbeat-{conn.id}")
     try:
@@ -331,10 +336,20 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ini
                 timeout = 2 * conn.heartbeat   # two missed intervals: the peer is gone
             else:
                 timeout = None
+            if frame_started is not None and frame_timeout and conn.state != "closing":
+                # Absolute from the frame's first byte: trickling bytes does not extend it.
+                left = max(frame_started + frame_timeout - loop.time(), 0.0)
+                timeout = left if timeout is None else min(timeout, left)
             try:
                 data = await asyncio.wait_for(reader.read(65536), timeout)
             except asyncio.TimeoutError:
-                if conn.state == "open":
+                if (frame_started is not None and frame_timeout and conn.state != "closing"
+                        and loop.time() - frame_started >= frame_timeout):
+                    await conn.close_with(connection_error(
+                        FRAME_ERROR, f"frame not completed within {frame_timeout:g}s of its first byte "
+                        "(bounds.frame_timeout)"))
+                    await writer.drain()
+                elif conn.state == "open":
                     log.info("amqp091 %s: no traffic for %ss (2 heartbeat intervals): closing", conn.name, timeout)
                 elif conn.state != "closing":
                     log.info("amqp091 %s: handshake timed out", conn.name)
@@ -349,6 +364,10 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ini
                 await writer.drain()
                 break
             decoder.max_frame = conn.frame_max if conn.state in ("open", "open-wait") else SERVER_FRAME_MAX
+            if not decoder.buffered:
+                frame_started = None
+            elif frames or frame_started is None:
+                frame_started = loop.time()
             for frame in frames:
                 await conn.handle_frame(frame)
                 if conn.finished:

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 from pamqp import base, commands, constants, decode, encode, header, heartbeat
 
+from fluxpg.protocols import prescan
+
 FRAME_METHOD = constants.FRAME_METHOD          # 1
 FRAME_HEADER = constants.FRAME_HEADER          # 2
 FRAME_BODY = constants.FRAME_BODY              # 3
@@ -125,8 +127,11 @@ class FrameDecoder:
     answers the broken frame with connection.close 501. After an error the decoder stays failed.
     """
 
-    def __init__(self, max_frame: int = 131072):
+    def __init__(self, max_frame: int = 131072, limits: prescan.Limits | None = prescan.DEFAULT_LIMITS):
         self.max_frame = max_frame
+        # Decoder work bounds (bounds.decoder_max_depth / _elements): method and content header
+        # frames are pre-scanned before pamqp builds objects from them.
+        self.limits = limits
         self._buf = bytearray()
         self._error: FrameError | None = None
 
@@ -160,7 +165,14 @@ class FrameDecoder:
             if end != FRAME_END:
                 error = FrameError(f"frame-end byte is 0x{end:02x}, not 0xCE")
                 break
-            frames.append(Frame(ftype, channel, bytes(buf[pos + FRAME_HEADER_SIZE:pos + total - 1])))
+            payload = bytes(buf[pos + FRAME_HEADER_SIZE:pos + total - 1])
+            if self.limits is not None and ftype in (FRAME_METHOD, FRAME_HEADER):
+                try:
+                    prescan.amqp091_frame(ftype, payload, self.limits)
+                except prescan.DecodeLimitError as exc:
+                    error = FrameError(f"frame on channel {channel} refused before decoding: {exc}")
+                    break
+            frames.append(Frame(ftype, channel, payload))
             pos += total
         if error is not None:
             # The stream cannot be framed past this point: drop what is buffered (it is garbage

@@ -51,7 +51,9 @@ from proton import Delivery as PnDelivery
 from fluxpg import connections
 from fluxpg.auth import AuthError, OpenAuthenticator, Principal, authorize, subscription
 from fluxpg.config import LimitsConfig
+from fluxpg.protocols import prescan
 from fluxpg.protocols.amqp10.engine import EngineEvent, ProtonEngine
+from fluxpg.protocols.amqp10.framegate import FrameGate
 from fluxpg.protocols.amqp10.messages import MessageError, decode, from_delivery, to_log
 from fluxpg.protocols.amqp10.sasl import SASL_HEADER, SaslCode, SaslError, SaslServer
 from fluxpg.delivery import Delivery
@@ -201,6 +203,11 @@ class AmqpConnection:
         bounds = getattr(getattr(ctx, "config", None), "bounds", None)
         self.inbound = 0
         self.inbound_limit = int(getattr(bounds, "connection_inbound_bytes", 64 * 2 ** 20) or 0)
+        self.decoder_limits = prescan.Limits.from_config(getattr(ctx, "config", None))
+        # Whole, pre-scanned frames to proton; a started frame must complete within frame_timeout.
+        self.gate = FrameGate(self.decoder_limits, MAX_FRAME_SIZE)
+        timeout = getattr(bounds, "frame_timeout", None)
+        self.frame_timeout = timeout.total_seconds() if timeout else 0.0
         # acknowledgements go to the database in batches: (verb, queue, group, partition, reason) → seqs
         self._acks: dict[tuple, list[int]] = defaultdict(list)
         self._ack_event = asyncio.Event()
@@ -214,8 +221,10 @@ class AmqpConnection:
                 if not await self._sasl(initial):
                     return
             else:
-                self.engine.receive(initial)
+                self._receive(initial)
             await self._loop()
+        except prescan.DecodeLimitError as exc:
+            await self._refuse_input(exc)
         finally:
             await self._cleanup()
 
@@ -279,8 +288,21 @@ class AmqpConnection:
         self._write(sasl.outcome(SaslCode.OK))
         rest = sasl.take_rest()
         if rest:
-            self.engine.receive(rest)
+            try:
+                self._receive(rest)
+            except prescan.DecodeLimitError as exc:
+                await self._refuse_input(exc)
+                return False
         return True
+
+    def _receive(self, data: bytes) -> None:
+        """Bytes read → the frame gate → proton. Raises DecodeLimitError (see framegate.py)."""
+        self.engine.receive(self.gate.feed(data, time.monotonic()))
+
+    async def _refuse_input(self, exc: Exception) -> None:
+        log.info("amqp10 %s: frame refused before decoding: %s; closing", self.peer, exc)
+        self._write(self.engine.close_after_input_error("amqp:decode-error", str(exc)))
+        await self._drain_quietly()
 
     async def _drain_quietly(self) -> None:
         try:
@@ -320,6 +342,10 @@ class AmqpConnection:
                 if close_deadline is not None:
                     left = max(0.0, close_deadline - loop.time())
                     timeout = left if timeout is None else min(timeout, left)
+                if self.frame_timeout and self.gate.started is not None:
+                    # Absolute: measured from the frame's first byte, not restarted by more bytes.
+                    left = max(0.0, self.gate.started + self.frame_timeout - time.monotonic())
+                    timeout = left if timeout is None else min(timeout, left)
                 done, _ = await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
                 if read_task is not None and read_task in done:
                     try:
@@ -328,9 +354,12 @@ class AmqpConnection:
                         data = b""
                     if data:
                         try:
-                            self.engine.receive(data)
+                            self._receive(data)
                         except BufferError:
                             log.warning("amqp10 %s: input overflow; closing", self.peer)
+                            return
+                        except prescan.DecodeLimitError as exc:
+                            await self._refuse_input(exc)
                             return
                         read_task = asyncio.ensure_future(self.reader.read(READ_SIZE))
                     else:
@@ -339,6 +368,14 @@ class AmqpConnection:
                 if wake_task in done:
                     self._wake.clear()
                     wake_task = None
+                if (self.frame_timeout and self.gate.started is not None
+                        and time.monotonic() - self.gate.started >= self.frame_timeout):
+                    log.info("amqp10 %s: a frame was not completed within %ss (bounds.frame_timeout); closing",
+                             self.peer, self.frame_timeout)
+                    self._write(self.engine.close_after_input_error(
+                        "amqp:resource-limit-exceeded", "frame not completed in time (bounds.frame_timeout)"))
+                    await self._drain_quietly()
+                    return
                 self.engine.tick(time.monotonic())
         finally:
             for task in (read_task, wake_task):
@@ -455,6 +492,7 @@ class AmqpConnection:
         conn.properties = {symbol("product"): "fluxpg"}
         conn.offered_capabilities = [symbol("ANONYMOUS-RELAY")]
         conn.open()
+        connections.logged_in()   # the listener's handshake deadline no longer applies
 
     # ------------------------------------------------------------------------------ links
 
@@ -851,7 +889,7 @@ class AmqpConnection:
             if refused is not None:
                 raise refused
             try:
-                message = decode(bytes(buffer))
+                message = decode(bytes(buffer), self.decoder_limits)
             except MessageError as exc:
                 raise Refused("amqp:decode-error", str(exc)) from None
             topic = publisher.topic

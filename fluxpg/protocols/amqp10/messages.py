@@ -49,6 +49,7 @@ from proton import Data, Message, symbol
 from proton._message import pn_message_get_content_encoding, pn_message_get_content_type
 
 from fluxpg.delivery import Delivery
+from fluxpg.protocols import prescan
 
 AMQP_KEY = "x-amqp"
 
@@ -134,10 +135,16 @@ def _ms(value: float | None) -> int | None:
 # --------------------------------------------------------------------------- incoming
 
 
-def decode(raw: bytes) -> Message:
+def decode(raw: bytes, limits: prescan.Limits = prescan.DEFAULT_LIMITS) -> Message:
     """A transfer's bytes → Message; MessageError when they are not a well-formed message.
     proton's Message.decode skips a truncated or malformed section without a word, so every
-    section is first decoded on its own and must take its bytes exactly."""
+    section is first decoded on its own and must take its bytes exactly. Before proton sees
+    them, a pre-scan bounds nesting and element counts (an array of zero-width elements
+    announces billions of values in a few bytes)."""
+    try:
+        prescan.amqp10_values(raw, limits)
+    except prescan.DecodeLimitError as exc:
+        raise MessageError(f"cannot decode the message: {exc}") from None
     view = memoryview(raw)
     try:
         while view:

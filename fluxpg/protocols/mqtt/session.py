@@ -721,6 +721,7 @@ class Connection:
             if assigned:
                 ack_props.assigned_client_identifier = assigned
         self.write(Connack(present, RC.SUCCESS, ack_props))
+        connections.logged_in()   # the listener's handshake deadline no longer applies
         self.last_rx = asyncio.get_running_loop().time()
         sess.conn = self
         log.debug("MQTT %s connected (v%s, session %s)", client_id, self.version, "resumed" if present else "new")
@@ -762,12 +763,19 @@ class Connection:
         loop = asyncio.get_running_loop()
         reader = self.reader
         decoder = self.decoder
+        # A started packet must be complete within bounds.frame_timeout of its first byte, however
+        # slowly its bytes trickle in (keep alive restarts with every byte; this does not).
+        bounds = getattr(self.ctx.config, "bounds", None)
+        frame_timeout = bounds.frame_timeout.total_seconds() if bounds is not None else 0.0
+        started: float | None = None
         # Bytes that came with the CONNECT may already hold further packets: decode before reading.
         while not self.closing:
+            decoded = False
             while not self.closing:
                 pkt = decoder.next_packet()
                 if pkt is None:
                     break
+                decoded = True
                 handler = self._HANDLERS.get(type(pkt))
                 if handler is None:
                     raise ProtocolError(f"a client must not send {type(pkt).__name__.upper()}")
@@ -778,7 +786,20 @@ class Connection:
                 await self.writer.drain()
             if self.closing:
                 return
-            data = await reader.read(65536)
+            if not decoder.buffered:
+                started = None
+            elif decoded or started is None:
+                started = loop.time()
+            if started is not None and frame_timeout:
+                try:
+                    data = await asyncio.wait_for(reader.read(65536), max(0.0, started + frame_timeout - loop.time()))
+                except asyncio.TimeoutError:
+                    log.info("MQTT %s: a packet was not completed within %ss of its first byte "
+                             "(bounds.frame_timeout)", self.client_id, frame_timeout)
+                    self._shutdown(RC.KEEP_ALIVE_TIMEOUT, "packet not completed in time", end="keepalive")
+                    return
+            else:
+                data = await reader.read(65536)
             if not data or self.closing:
                 return
             self.last_rx = loop.time()

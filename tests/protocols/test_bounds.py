@@ -1,0 +1,179 @@
+"""Resource bounds against a real broker over real sockets: absolute handshake and frame
+deadlines (bytes trickled one at a time do not extend them), and decoder work bounds (nesting
+depth, element counts) refused before decoding, without stalling other clients.
+
+The deadlines are set short in the test config (bounds.handshake_timeout / frame_timeout); the
+clients trickle a byte every 0.2 s, so any timeout that restarted on traffic would never fire.
+"""
+from __future__ import annotations
+
+import socket
+import struct
+import time
+
+import pytest
+from pamqp import commands
+from pamqp import frame as pframe
+
+from fluxpg.config import BoundsConfig, Config
+from fluxpg.protocols.mqtt.codec import Connect, Publish, encode
+
+pytestmark = pytest.mark.timeout(60)
+
+TRICKLE = 0.2
+AMQP091_HEADER = b"AMQP\x00\x00\x09\x01"
+AMQP10_HEADER = b"AMQP\x00\x01\x00\x00"
+
+
+def _server(threaded_broker, **bounds):
+    return threaded_broker(config=Config(bounds=BoundsConfig(**bounds)))
+
+
+def _trickle_until_closed(sock: socket.socket, data: bytes, limit: float) -> float:
+    """Send `data` a byte every TRICKLE seconds (reading whatever the broker says meanwhile)
+    until the broker closes the connection; the seconds that took. Fails after `limit`."""
+    sock.setblocking(False)
+    started = time.monotonic()
+    i = 0
+    while time.monotonic() - started < limit:
+        if i < len(data):
+            try:
+                sock.send(data[i:i + 1])
+            except (BrokenPipeError, ConnectionResetError):
+                return time.monotonic() - started
+            i += 1
+        deadline = time.monotonic() + TRICKLE
+        while time.monotonic() < deadline:
+            try:
+                chunk = sock.recv(65536)
+            except BlockingIOError:
+                time.sleep(0.02)
+                continue
+            except ConnectionResetError:
+                return time.monotonic() - started
+            if not chunk:
+                return time.monotonic() - started
+    raise AssertionError(f"the connection was still open after {limit}s of trickled bytes")
+
+
+def _connect(srv, listener: str) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", srv.port(listener)), timeout=10)
+
+
+def _amqp091_start_ok(client_properties: dict) -> bytes:
+    return pframe.marshal(commands.Connection.StartOk(client_properties=client_properties, mechanism="PLAIN",
+                                                      response="\0guest\0guest", locale="en_US"), 0)
+
+
+# --------------------------------------------------------------------------- handshake deadline
+
+
+@pytest.mark.parametrize("protocol", ["amqp091", "mqtt", "amqp10"])
+def test_handshake_deadline_is_absolute(threaded_broker, protocol):
+    """A login trickled a byte at a time is cut off handshake_timeout after accept."""
+    srv = _server(threaded_broker, handshake_timeout="1500ms", frame_timeout="30s")
+    if protocol == "amqp091":
+        data = AMQP091_HEADER + _amqp091_start_ok({"product": "slow" * 20})
+    elif protocol == "mqtt":
+        data = encode(Connect(client_id="slowpoke" * 10, keep_alive=60), 5)
+    else:
+        from fluxpg.protocols.amqp10 import sasl as sasl_codec
+        data = sasl_codec.client_frames("PLAIN", "someone" * 10, "password" * 10)
+    assert len(data) * TRICKLE > 6, "the trickle must outlast the deadline by far"
+    with _connect(srv, "amqp091") as sock:
+        took = _trickle_until_closed(sock, data, limit=20)
+    assert 1.2 <= took < 6, took
+
+
+# --------------------------------------------------------------------------- frame deadline
+
+
+def test_amqp091_frame_deadline(threaded_broker):
+    """A frame whose bytes trickle in is cut off frame_timeout after its first byte (the
+    handshake deadline is far away here), with connection.close 501."""
+    srv = _server(threaded_broker, handshake_timeout="60s", frame_timeout="1500ms")
+    with _connect(srv, "amqp091") as sock:
+        sock.sendall(AMQP091_HEADER)
+        took = _trickle_until_closed(sock, _amqp091_start_ok({"product": "slow" * 20}), limit=20)
+    assert 1.2 <= took < 6, took
+
+
+def test_mqtt_packet_deadline(threaded_broker):
+    srv = _server(threaded_broker, handshake_timeout="60s", frame_timeout="1500ms")
+    with _connect(srv, "mqtt") as sock:
+        sock.sendall(encode(Connect(client_id="trickler", keep_alive=60), 5))
+        assert sock.recv(100)[:1] == b"\x20"   # CONNACK
+        took = _trickle_until_closed(sock, encode(Publish("slow/topic", b"x" * 200, 0), 5), limit=20)
+    assert 1.2 <= took < 6, took
+
+
+def test_amqp10_frame_deadline(threaded_broker):
+    srv = _server(threaded_broker, handshake_timeout="60s", frame_timeout="1500ms")
+    perf = b"\x00\x53\x10\xc0\x13\x01\xa1\x10" + b"c" * 16       # open(container-id)
+    frame = struct.pack(">IBBH", 8 + len(perf), 2, 0, 0) + perf
+    with _connect(srv, "amqp") as sock:
+        sock.sendall(AMQP10_HEADER)
+        took = _trickle_until_closed(sock, frame * 3, limit=20)
+    assert 1.2 <= took < 6, took
+
+
+def test_complete_frames_keep_a_slow_connection_alive(threaded_broker):
+    """Frames that each arrive within frame_timeout are fine, however long the connection lasts."""
+    srv = _server(threaded_broker, handshake_timeout="60s", frame_timeout="1500ms")
+    with _connect(srv, "mqtt") as sock:
+        sock.sendall(encode(Connect(client_id="steady", keep_alive=60), 5))
+        assert sock.recv(100)[:1] == b"\x20"
+        for _ in range(4):    # 4 × 1 s > frame_timeout in total
+            sock.sendall(b"\xc0\x00")                          # PINGREQ
+            assert sock.recv(100) == b"\xd0\x00"               # PINGRESP
+            time.sleep(1.0)
+
+
+# --------------------------------------------------------------------------- decoder bounds
+
+
+def _read_until_closed(sock: socket.socket, limit: float = 10) -> bytes:
+    sock.settimeout(limit)
+    out = b""
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except (socket.timeout, ConnectionResetError):
+            break
+        if not chunk:
+            break
+        out += chunk
+    return out
+
+
+def test_amqp091_deep_table_refused_before_decoding(threaded_broker):
+    srv = _server(threaded_broker)
+    nested: dict = {}
+    for _ in range(40):
+        nested = {"a": nested}
+    with _connect(srv, "amqp091") as sock:
+        sock.sendall(AMQP091_HEADER)
+        started = time.monotonic()
+        sock.sendall(_amqp091_start_ok({"capabilities": nested}))
+        answer = _read_until_closed(sock)
+    assert time.monotonic() - started < 5
+    assert b"FRAME_ERROR" in answer and b"decoder_max_depth" in answer
+
+
+def test_amqp10_zero_width_array_refused_before_decoding(threaded_broker):
+    """An open frame whose properties hold an array32 of a million nulls (13 bytes): refused with
+    amqp:decode-error before proton builds a million values; another client is served meanwhile."""
+    srv = _server(threaded_broker)
+    evil = b"\xf0" + struct.pack(">II", 5, 1_000_000) + b"\x40"
+    # open: container-id "c", then nulls up to properties (field 10) = a map holding the array
+    fields = b"\xa1\x01c" + b"\x40" * 9 + b"\xc1" + bytes([len(evil) + 4]) + b"\x02\xa3\x01k" + evil
+    perf = b"\x00\x53\x10\xd0" + struct.pack(">II", len(fields) + 4, 11) + fields
+    frame = struct.pack(">IBBH", 8 + len(perf), 2, 0, 0) + perf
+    with _connect(srv, "amqp") as sock:
+        sock.sendall(AMQP10_HEADER + frame)
+        answer = _read_until_closed(sock)
+    assert b"amqp:decode-error" in answer and b"decoder_max_elements" in answer
+    # the broker still serves others
+    with _connect(srv, "mqtt") as sock:
+        sock.sendall(encode(Connect(client_id="after", keep_alive=60), 5))
+        assert sock.recv(100)[:1] == b"\x20"

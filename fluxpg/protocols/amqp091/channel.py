@@ -36,7 +36,7 @@ from fluxpg.protocols.amqp091.exchanges import EXCHANGE_TYPES, Binding, Exchange
 from fluxpg.protocols.amqp091.framing import (ACCESS_REFUSED, COMMAND_INVALID, CONTENT_TOO_LARGE,
                                               FRAME_BODY, FRAME_HEADER, FRAME_METHOD, INTERNAL_ERROR,
                                               NO_ROUTE, NOT_ALLOWED, NOT_FOUND, NOT_IMPLEMENTED,
-                                              PRECONDITION_FAILED, UNEXPECTED_FRAME, AMQPError,
+                                              PRECONDITION_FAILED, RESOURCE_ERROR, UNEXPECTED_FRAME, AMQPError,
                                               channel_error, connection_error)
 from fluxpg.protocols.amqp091.properties import delivery_properties, headers_from_properties
 from fluxpg.queues import classic as classic_ops
@@ -56,7 +56,6 @@ Basic, Queue, Exch, Chan, Confirm = commands.Basic, commands.Queue, commands.Exc
 
 MAX_PIPELINE = 2000          # publishes in flight per channel before the reader waits (TCP back-pressure)
 SERVER_MAX_BODY = 512 * 2 ** 20   # hard cap when every queue allows unlimited sizes
-WRITE_HIGH_WATER = 4 * 2 ** 20    # deliveries wait for the socket above this much unsent data
 
 # Methods a client sends without waiting for an answer: they skip the drain barrier.
 _ASYNC_METHODS = (Basic.Publish, Basic.Ack, Basic.Nack, Basic.Reject)
@@ -114,6 +113,7 @@ class Channel:
         self._header = None
         self._body: list[bytes] = []
         self._received = 0
+        self._reserved = 0           # bytes of conn.inbound this channel's partial message holds
         # confirms
         self.confirm = False
         self._confirm_seq = 0
@@ -190,6 +190,7 @@ class Channel:
             return
         log.info("amqp091 %s channel %d: closing with %d %s", self.conn.name, self.id, err.code, err.text)
         self.state = "closing"
+        self._drop_partial()
         class_id, method_id = err.ids
         self.conn.write(framing.method_frame(self.id, Chan.Close(err.code, err.reply_text, class_id, method_id)))
         self._release_task = asyncio.create_task(self._release())
@@ -206,6 +207,7 @@ class Channel:
         """Stop consumers, write pending acknowledgements, requeue what was delivered but not
         acknowledged (RabbitMQ: unacked messages return when their channel closes)."""
         self.state = "closing" if self.state == "open" else self.state
+        self._drop_partial()
         consumers = list(self.consumers.values())
         self.consumers.clear()
         self._held.clear()
@@ -526,6 +528,14 @@ class Channel:
             self._publish = None
             raise channel_error(CONTENT_TOO_LARGE, f"message of {ch.body_size} bytes is larger than the broker's "
                                 f"maximum of {limit} bytes", Basic.Publish)
+        # Reserve the announced size BEFORE buffering any of it: one connection (summed over
+        # its channels) and the broker as a whole hold at most bounds.*_inbound_bytes.
+        refused = self.conn.inbound.reserve(ch.body_size)
+        if refused is not None:
+            self._publish = None
+            raise connection_error(RESOURCE_ERROR, f"message of {ch.body_size} bytes refused: {refused}",
+                                   Basic.Publish)
+        self._reserved = ch.body_size
         self._header = ch
         if ch.body_size == 0:
             self._complete()
@@ -533,7 +543,7 @@ class Channel:
     async def _on_body(self, payload: bytes) -> None:
         self._received += len(payload)
         if self._received > self._header.body_size:
-            self._publish = None
+            self._drop_partial()
             raise connection_error(framing.FRAME_ERROR, "content body larger than its header announced", Basic.Publish)
         self._body.append(payload)
         if self._received == self._header.body_size:
@@ -549,9 +559,11 @@ class Channel:
         method, header = self._publish, self._header
         body = b"".join(self._body)
         self._publish, self._header, self._body, self._received = None, None, [], 0
+        reserved, self._reserved = self._reserved, 0
         if self.tx is not None:
             # Transactional: validated and collected now, applied (or not) at tx.commit; a bad
             # publish closes the channel exactly as outside a transaction.
+            self.conn.inbound.release(reserved)
             self._start_publish(None, method, header.properties, body)
             return
         tag = None
@@ -563,12 +575,35 @@ class Channel:
             self._start_publish(entry, method, header.properties, body)
         except AMQPError as err:
             if not err.channel:
+                self.conn.inbound.release(reserved)
                 raise
             entry.error = err
+        # The body stays reserved until its appends finished (stored or failed).
+        self._release_after(entry.tasks, reserved)
         self._pipeline.append(entry)
         self._pipeline_idle.clear()
         if self._confirmer is None or self._confirmer.done():
             self._confirmer = self._spawn(self._confirm_loop())
+
+    def _release_after(self, tasks: list[asyncio.Task], n: int) -> None:
+        inbound = self.conn.inbound
+        if not tasks:
+            inbound.release(n)
+            return
+        left = [len(tasks)]
+
+        def done(_task: asyncio.Task) -> None:
+            left[0] -= 1
+            if left[0] == 0:
+                inbound.release(n)
+        for task in tasks:
+            task.add_done_callback(done)
+
+    def _drop_partial(self) -> None:
+        """Forget a partially received message (channel closing, error): free its bytes."""
+        self._publish, self._header, self._body, self._received = None, None, [], 0
+        self.conn.inbound.release(self._reserved)
+        self._reserved = 0
 
     def _start_publish(self, entry: _Entry | None, m: Basic.Publish, props, body: bytes) -> None:
         """Route a completed publish and start its appends (entry: its place in the confirm
@@ -944,7 +979,7 @@ class Channel:
         else:
             self.unacked[tag] = Unacked(d.queue, d.group, d.partition, d.seq, consumer)
         self.conn.write(frames)
-        if self.conn.write_buffer_size() > WRITE_HIGH_WATER:
+        if self.conn.write_buffer_size() > self.conn.outbound_limit:
             return self.conn.drain_writes()   # awaited by the subscription: back-pressure
         return None
 

@@ -22,6 +22,7 @@ from pamqp import commands
 
 from fluxpg import connections
 from fluxpg.auth import AuthError, OpenAuthenticator
+from fluxpg import bounds
 from fluxpg.protocols import prescan
 from fluxpg.protocols.amqp091 import framing
 from fluxpg.protocols.amqp091.channel import Channel
@@ -75,6 +76,10 @@ class Connection:
             if ctx.config is not None else set()
         self.finished = False
         self.close_deadline: float | None = None
+        # Memory bounds (config `bounds:`): partially received / unconfirmed bodies of all
+        # channels, and unsent bytes above which deliveries wait for the client to read.
+        self.inbound = bounds.connection_inbound(ctx)
+        self.outbound_limit = bounds.connection_outbound_limit(ctx) or 2 ** 62
         loop = asyncio.get_running_loop()
         self.last_sent = loop.time()
 
@@ -279,6 +284,7 @@ class Connection:
         """The socket is gone or the handler is ending: release everything."""
         await self._release_channels()
         self.state = "closed"
+        self.inbound.close()   # whatever is still counted (a publish still appending) is ours no more
 
 
 class _Transport:
@@ -321,8 +327,8 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ini
     conn = Connection(ctx, _Transport(writer), peer)
     decoder = framing.FrameDecoder(SERVER_FRAME_MAX, prescan.Limits.from_config(ctx.config))
     loop = asyncio.get_running_loop()
-    bounds = getattr(ctx.config, "bounds", None)
-    frame_timeout = bounds.frame_timeout.total_seconds() if bounds is not None else 0.0
+    settings = getattr(ctx.config, "bounds", None)
+    frame_timeout = settings.frame_timeout.total_seconds() if settings is not None else 0.0
     frame_started: float | None = None   # when the first byte of the incomplete frame arrived
     conn.start()
     beat = asyncio.create_task(_heartbeats(conn), name=f"amqp091-heartbeat-{conn.id}")

@@ -177,3 +177,152 @@ def test_amqp10_zero_width_array_refused_before_decoding(threaded_broker):
     with _connect(srv, "mqtt") as sock:
         sock.sendall(encode(Connect(client_id="after", keep_alive=60), 5))
         assert sock.recv(100)[:1] == b"\x20"
+
+
+# --------------------------------------------------------------------------- inbound memory (AMQP 0-9-1)
+
+
+class RawAmqp091:
+    """Just enough of an AMQP 0-9-1 client over a raw socket to leave bodies half sent."""
+
+    def __init__(self, srv):
+        self.sock = _connect(srv, "amqp091")
+        self.sock.sendall(AMQP091_HEADER)
+        self.buf = b""
+        self.expect(commands.Connection.Start)
+        self.send(0, commands.Connection.StartOk(client_properties={}, mechanism="PLAIN", response="\0u\0p",
+                                                 locale="en_US"))
+        tune = self.expect(commands.Connection.Tune)
+        self.frame_max = tune.frame_max
+        self.send(0, commands.Connection.TuneOk(tune.channel_max, tune.frame_max, 0))
+        self.send(0, commands.Connection.Open("/"))
+        self.expect(commands.Connection.OpenOk)
+
+    def send(self, channel: int, method) -> None:
+        self.sock.sendall(pframe.marshal(method, channel))
+
+    def next_frame(self, timeout: float = 10):
+        self.sock.settimeout(timeout)
+        while True:
+            if self.buf:
+                try:
+                    used, channel, value = pframe.unmarshal(self.buf)
+                except Exception:   # noqa: BLE001 - incomplete frame: read more
+                    used = 0
+                if used:
+                    self.buf = self.buf[used:]
+                    return channel, value
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("closed by the broker")
+            self.buf += chunk
+
+    def expect(self, cls):
+        while True:
+            _, value = self.next_frame()
+            if isinstance(value, cls):
+                return value
+            if isinstance(value, commands.Connection.Close):
+                raise AssertionError(f"connection closed: {value.reply_code} {value.reply_text}")
+
+    def open_channel(self, channel: int) -> None:
+        self.send(channel, commands.Channel.Open())
+        self.expect(commands.Channel.OpenOk)
+
+    def start_publish(self, channel: int, size: int, sent: int, queue: str) -> None:
+        """basic.publish + a header announcing `size` bytes + the first `sent` bytes of the body."""
+        from pamqp import body as pbody
+        from pamqp import header as pheader
+        self.send(channel, commands.Basic.Publish(exchange="", routing_key=f"$queue/{queue}/x"))
+        self.sock.sendall(pframe.marshal(pheader.ContentHeader(0, size, commands.Basic.Properties()), channel))
+        chunk = self.frame_max - 8
+        for start in range(0, sent, chunk):
+            self.sock.sendall(pframe.marshal(pbody.ContentBody(b"x" * min(chunk, sent - start)), channel))
+
+
+def _broker_inbound(srv) -> int:
+    from fluxpg import bounds
+    found = srv.server.ctx.state.get(bounds.STATE_KEY)
+    return found.used if found is not None else 0
+
+
+def test_amqp091_partial_bodies_bounded_per_connection(threaded_broker, qname):
+    """Channels announcing large bodies: refused with connection.close 506 RESOURCE_ERROR as soon
+    as their sum would pass bounds.connection_inbound_bytes — before the bytes are buffered — and
+    everything held is freed when the connection ends."""
+    from fluxpg.config import QueueConfig
+    srv = threaded_broker(config=Config(queues=[QueueConfig(name=qname)],
+                                        bounds=BoundsConfig(connection_inbound_bytes=1_000_000)))
+    client = RawAmqp091(srv)
+    for ch in range(1, 4):
+        client.open_channel(ch)
+    client.start_publish(1, 400_000, 200_000, qname)
+    client.start_publish(2, 400_000, 200_000, qname)
+    wait = time.monotonic() + 5
+    while _broker_inbound(srv) < 800_000 and time.monotonic() < wait:
+        time.sleep(0.05)
+    assert _broker_inbound(srv) == 800_000          # the two announced bodies are reserved
+    client.start_publish(3, 400_000, 0, qname)        # 1.2 MB > 1 MB: refused at the header
+    close = client.expect(commands.Connection.Close)
+    assert close.reply_code == 506 and "connection_inbound_bytes" in close.reply_text
+    client.send(0, commands.Connection.CloseOk())
+    client.sock.close()
+    wait = time.monotonic() + 5
+    while _broker_inbound(srv) and time.monotonic() < wait:
+        time.sleep(0.05)
+    assert _broker_inbound(srv) == 0
+
+
+def test_amqp091_broker_wide_bound(threaded_broker, qname):
+    """Two connections, each within its own bound, together over bounds.broker_inbound_bytes:
+    the one that would pass it is refused; the other goes on and completes its message."""
+    from fluxpg.config import QueueConfig
+    srv = threaded_broker(config=Config(queues=[QueueConfig(name=qname)],
+                                        bounds=BoundsConfig(connection_inbound_bytes=1_000_000,
+                                                            broker_inbound_bytes=1_000_000)))
+    a, b = RawAmqp091(srv), RawAmqp091(srv)
+    a.open_channel(1)
+    b.open_channel(1)
+    a.start_publish(1, 700_000, 100_000, qname)
+    wait = time.monotonic() + 5
+    while _broker_inbound(srv) < 700_000 and time.monotonic() < wait:
+        time.sleep(0.05)
+    b.start_publish(1, 700_000, 0, qname)
+    close = b.expect(commands.Connection.Close)
+    assert close.reply_code == 506 and "broker_inbound_bytes" in close.reply_text
+    b.sock.close()
+    # a finishes its message: stored
+    from pamqp import body as pbody
+    for start in range(100_000, 700_000, a.frame_max - 8):
+        a.sock.sendall(pframe.marshal(pbody.ContentBody(b"x" * min(a.frame_max - 8, 700_000 - start)), 1))
+    wait = time.monotonic() + 10
+    while time.monotonic() < wait:
+        depth = [r["depth"] for r in srv.call(srv.manager.queue_stats()) if r["queue"] == qname]
+        if depth and depth[0] == 1:
+            break
+        time.sleep(0.05)
+    assert depth == [1]
+    assert _broker_inbound(srv) == 0
+    a.sock.close()
+
+
+def test_amqp091_over_the_bound_costs_no_confirmed_message(threaded_broker, qname):
+    """A publisher that passes its bound loses its connection, never a message it had confirmed."""
+    import pika
+    import pika.exceptions
+    from fluxpg.config import QueueConfig
+    srv = threaded_broker(config=Config(queues=[QueueConfig(name=qname)],
+                                        bounds=BoundsConfig(connection_inbound_bytes=300_000)))
+    conn = pika.BlockingConnection(pika.ConnectionParameters(host="127.0.0.1", port=srv.port("amqp091"),
+                                                             connection_attempts=1, socket_timeout=10))
+    ch = conn.channel()
+    ch.confirm_delivery()
+    for i in range(5):
+        ch.basic_publish("", f"$queue/{qname}/x", f"m{i}".encode() * 1000)   # confirmed
+    with pytest.raises((pika.exceptions.ConnectionClosedByBroker, pika.exceptions.StreamLostError,
+                        pika.exceptions.ChannelWrongStateError)) as err:
+        ch.basic_publish("", f"$queue/{qname}/x", b"y" * 400_000)
+    if isinstance(err.value, pika.exceptions.ConnectionClosedByBroker):
+        assert err.value.reply_code == 506
+    rows = [r for r in srv.call(srv.manager.queue_stats()) if r["queue"] == qname]
+    assert rows[0]["depth"] == 5

@@ -1,0 +1,57 @@
+"""Long, coverage-guided fuzzing of one decoder with atheris (libFuzzer), when it is installed
+(`pip install atheris`; CI runs the quick hypothesis harness in test_fuzz.py instead).
+
+    python -m tests.fuzz.run_atheris mqtt -max_total_time=600 [libFuzzer options…]
+
+Seeds are the decoder's corpus (tests/fuzz/corpus/<decoder>/); new coverage goes to a scratch
+directory (FLUXPG_FUZZ_WORKDIR, default /tmp/fluxpg-fuzz/<decoder>), not the repository. An input
+that raises anything but the codec's own errors, or takes more than 5 ms (min of a few runs) while
+under 1 KiB, stops the run: libFuzzer writes it as crash-<sha1> in the working directory — copy
+it into the corpus with the fix. A summary (inputs run, slowest input) is printed at the end.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import atheris
+
+with atheris.instrument_imports():
+    from tests.fuzz import targets
+
+CORPUS = Path(__file__).parent / "corpus"
+
+
+def main() -> None:
+    if len(sys.argv) < 2 or sys.argv[1] not in targets.TARGETS:
+        sys.exit(f"usage: python -m tests.fuzz.run_atheris {{{','.join(targets.TARGETS)}}} [libFuzzer options]")
+    name = sys.argv[1]
+    work = Path(os.environ.get("FLUXPG_FUZZ_WORKDIR", f"/tmp/fluxpg-fuzz/{name}"))
+    work.mkdir(parents=True, exist_ok=True)
+    for seed in (CORPUS / name).iterdir():
+        shutil.copy(seed, work / seed.name)
+    stats = {"inputs": 0, "slowest": 0.0, "slowest_input": b"", "started": time.monotonic()}
+
+    def one_input(data: bytes) -> None:
+        seconds = targets.timed(name, data)
+        stats["inputs"] += 1
+        if seconds > stats["slowest"]:
+            stats["slowest"], stats["slowest_input"] = seconds, data
+
+    def summary() -> None:
+        print(f"\n{name}: {stats['inputs']} inputs in {time.monotonic() - stats['started']:.0f}s; slowest "
+              f"{stats['slowest'] * 1000:.2f} ms ({len(stats['slowest_input'])} bytes: "
+              f"{stats['slowest_input'][:80]!r})", flush=True)
+
+    atexit.register(summary)
+    args = [sys.argv[0], *sys.argv[2:], f"-max_len={targets.MAX_INPUT}", str(work)]
+    atheris.Setup(args, one_input)
+    atheris.Fuzz()
+
+
+if __name__ == "__main__":
+    main()

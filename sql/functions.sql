@@ -1463,9 +1463,15 @@ BEGIN
   hi := h.next_seq;           -- invariant: every retained offset < lo is older than ts; hi is an answer
   WHILE lo < hi LOOP
     mid := lo + (hi - lo) / 2;
+    -- Retained offsets are contiguous (a head moves only with its rows), so a point lookup,
+    -- which touches one segment, finds it; the range scan is for a segment dropped meanwhile.
     SELECT l.seq, l.created_at INTO s, t FROM fluxpg.log l
-     WHERE l.queue_id = q.id AND l.partition = part AND l.seq >= mid AND l.seq < hi
-     ORDER BY l.seq LIMIT 1;
+     WHERE l.queue_id = q.id AND l.partition = part AND l.seq = mid;
+    IF NOT FOUND THEN
+      SELECT l.seq, l.created_at INTO s, t FROM fluxpg.log l
+       WHERE l.queue_id = q.id AND l.partition = part AND l.seq >= mid AND l.seq < hi
+       ORDER BY l.seq LIMIT 1;
+    END IF;
     IF NOT FOUND THEN
       hi := mid;              -- a gap (dropped segment) up to hi
     ELSIF t >= ts THEN

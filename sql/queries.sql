@@ -147,12 +147,14 @@ SELECT h.partition, h.first_seq, h.next_seq
  WHERE q.name = $1 ORDER BY h.partition;
 
 -- name: browse
+-- $7 bounds the scan from above so that only the segments holding the page are opened (a lower
+-- bound alone makes the plan start an index scan in every segment of the queue).
 SELECT l.partition, l.seq, l.topic, substring(l.payload FROM 1 FOR $5) AS payload,
        octet_length(l.payload) AS size, l.headers, l.created_at, l.expires_at,
        EXISTS (SELECT 1 FROM fluxpg.redriven r
                 WHERE r.queue_id = l.queue_id AND r.partition = l.partition AND r.seq = l.seq) AS redriven
   FROM fluxpg.log l
- WHERE l.queue_id = $1 AND l.partition = $2 AND l.seq >= $3
+ WHERE l.queue_id = $1 AND l.partition = $2 AND l.seq >= $3 AND l.seq < $7
    AND ($6 OR NOT EXISTS (SELECT 1 FROM fluxpg.redriven r
                            WHERE r.queue_id = l.queue_id AND r.partition = l.partition AND r.seq = l.seq))
  ORDER BY l.seq

@@ -19,6 +19,7 @@ from fluxpg.errors import InvalidArgument, UnknownQueue
 
 MAX_PAGE = 500                  # rows of one page of messages or pending entries
 PREVIEW_BYTES = 64 * 1024       # payload bytes a browsed message shows
+NO_UPPER_BOUND = 2 ** 63 - 1
 
 
 @dataclass
@@ -114,8 +115,14 @@ class Admin:
         if from_offset < 0:
             raise InvalidArgument(f"offset must not be negative, got {from_offset}")
         qid = await self.queue_id(queue)
+        # First a window just above the page (opens one or two segments); offsets are contiguous,
+        # so it holds the page unless redriven messages are hidden or the page reaches the head.
+        upper = from_offset + max(limit * 20, 1000)
         rows = await db.fetch(self._pool, "browse", qid, partition, from_offset, limit, PREVIEW_BYTES,
-                              include_redriven)
+                              include_redriven, upper)
+        if len(rows) < limit:
+            rows = await db.fetch(self._pool, "browse", qid, partition, from_offset, limit, PREVIEW_BYTES,
+                                  include_redriven, NO_UPPER_BOUND)
         return [BrowsedMessage(r["partition"], r["seq"], r["topic"], bytes(r["payload"]), r["size"],
                                r["headers"] or {}, r["created_at"], r["expires_at"], r["redriven"]) for r in rows]
 

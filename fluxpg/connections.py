@@ -9,8 +9,9 @@ connection's task), so a handler records who logged in without passing anything 
         info.client_id, info.user = client_id, username
 
 Closing a connection cancels its task; the listener then closes the socket (the protocol's own
-clean-up runs as on any cancellation). Only this process's connections are here: the console
-lists those of the node it is served by.
+clean-up runs as on any cancellation). Only this process's connections are here; every node
+reports its own to the table fluxpg.connections (fluxpg/queues/connection_sync.py), where the
+console of any node lists them, and closes one of another node by a NOTIFY to that node.
 """
 from __future__ import annotations
 
@@ -22,6 +23,13 @@ from datetime import datetime, timezone
 
 _current: ContextVar[ConnectionInfo | None] = ContextVar("fluxpg_connection", default=None)
 _ids = itertools.count(1)
+_changes = itertools.count(1)
+changes = 0       # bumped on every add, remove or field change: tells the reporter to report again
+
+
+def _changed() -> None:
+    global changes
+    changes = next(_changes)
 
 
 @dataclass(eq=False)
@@ -37,6 +45,14 @@ class ConnectionInfo:
     # Set by the protocol once the client's handshake and login are done (bounds.handshake_timeout:
     # the listener closes a connection that has not got this far in time).
     logged_in: bool = False
+
+    def __setattr__(self, name: str, value) -> None:
+        object.__setattr__(self, name, value)
+        _changed()
+
+    def as_row(self) -> dict:
+        return {"id": self.id, "protocol": self.protocol, "listener": self.listener, "peer": self.peer,
+                "client_id": self.client_id, "username": self.user, "since": self.since.isoformat()}
 
     def close(self) -> bool:
         """Close the connection (cancel its task). False when it had ended already."""
@@ -59,6 +75,7 @@ class Registry:
 
     def remove(self, info: ConnectionInfo) -> None:
         self._by_id.pop(info.id, None)
+        _changed()
 
     def get(self, conn_id: int) -> ConnectionInfo | None:
         return self._by_id.get(conn_id)

@@ -9,6 +9,7 @@ import ssl as ssl_module
 from fluxpg.auth import authenticator_for
 from fluxpg.config import Config, parse_address
 from fluxpg.protocols.listener import BrokerContext, Listener, ListenerError
+from fluxpg.queues.connection_sync import ConnectionSync
 from fluxpg.queues.manager import QueueManager
 
 log = logging.getLogger("fluxpg.server")
@@ -22,6 +23,7 @@ class Server:
         self.config = config
         self.ctx = BrokerContext(manager=manager, config=config, auth=authenticator_for(config, manager))
         self.listeners: dict[str, Listener] = {}
+        self.connection_sync: ConnectionSync | None = None
 
     @classmethod
     async def start(cls, dsn: str, config: Config | None = None, *, addresses: dict[str, str | None] | None = None,
@@ -50,6 +52,9 @@ class Server:
                     listener = Listener(name, host, port, server.ctx, ssl=listener_ssl, reuse_port=reuse_port)
                 await listener.start()
                 server.listeners[name] = listener
+            # Every node's connections in the database, for the console of any node.
+            server.connection_sync = ConnectionSync(manager, server.ctx.registry)
+            await server.connection_sync.start()
         except BaseException:
             await server.close()
             raise
@@ -61,6 +66,8 @@ class Server:
     async def close(self) -> None:
         for listener in self.listeners.values():
             await listener.close()
+        if self.connection_sync is not None:
+            await self.connection_sync.close()
         for task in list(self.ctx.connections):
             task.cancel()
         if self.ctx.connections:

@@ -1523,6 +1523,24 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION fluxpg.reset_group(text, text, text) IS 'Move a classic or stream group to first, last, an offset or a time; returns the new offset';
 
+-- A node replaces its rows of fluxpg.connections with what it has now (a JSON array of
+-- {id, protocol, listener, peer, client_id, username, since}); one statement pair, one transaction.
+CREATE OR REPLACE FUNCTION fluxpg.report_connections(node int, conns jsonb) RETURNS int
+LANGUAGE plpgsql AS $$
+DECLARE k int;
+BEGIN
+  DELETE FROM fluxpg.connections WHERE node_id = node;
+  INSERT INTO fluxpg.connections (node_id, id, protocol, listener, peer, client_id, username, since)
+  SELECT node, c.id, c.protocol, c.listener, c.peer, c.client_id, c.username, c.since
+    FROM jsonb_to_recordset(coalesce(conns, '[]')) AS c(id bigint, protocol text, listener text, peer text,
+                                                         client_id text, username text, since timestamptz)
+    -- a node that was declared dead (and removed) while it was away reports nothing
+   WHERE EXISTS (SELECT 1 FROM fluxpg.nodes n WHERE n.id = node);
+  GET DIAGNOSTICS k = ROW_COUNT;
+  RETURN k;
+END $$;
+COMMENT ON FUNCTION fluxpg.report_connections(int, jsonb) IS 'A node replaces its rows of fluxpg.connections (used by every broker node)';
+
 -- ---------------------------------------------------------------------------------------------
 -- Nodes and members
 -- ---------------------------------------------------------------------------------------------

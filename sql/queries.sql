@@ -187,3 +187,14 @@ SELECT fluxpg.purge_queue($1);
 
 -- name: delete_queue
 SELECT fluxpg.delete_queue($1, $2, $3, $4::interval);
+
+-- name: report_connections
+SELECT fluxpg.report_connections($1, $2::jsonb);
+
+-- name: all_connections
+SELECT node_id, id, protocol, listener, peer, client_id, username, since
+  FROM fluxpg.connections ORDER BY node_id, id;
+
+-- name: request_close
+-- The node that holds the connection LISTENs on fluxpg_close (fluxpg/queues/connection_sync.py).
+SELECT pg_notify('fluxpg_close', $1::int || ':' || $2::bigint);

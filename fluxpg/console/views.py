@@ -7,7 +7,7 @@ Pages (GET, the `monitoring` right):
                           for a dead-letter queue ($dlq/…) the dead letters with redrive
     /pending?queue=Q&group=G   pending entries of a group (XPENDING)
     /dead-letters         every dead-letter queue with its count
-    /connections          this node's client connections
+    /connections          every node's client connections (fluxpg.connections; this node's live)
     /login                log-in form (auth on)
 
 Actions (POST /action/<name>, the `manage` right and the session's CSRF token): publish,
@@ -304,7 +304,14 @@ async def overview(request: web.Request) -> web.Response:
         "groups": len({(g["queue"], g["grp"]) for g in groups}),
         "pending": sum(g["pending"] or 0 for g in groups),
     }
-    return render(request, "overview.html", nodes=nodes, counts=console.ctx.registry.counts(),
+    per_node: dict[int, dict[str, int]] = {}
+    for c in await admin.all_connections():
+        counts = per_node.setdefault(c["node_id"], {})
+        counts[c["protocol"]] = counts.get(c["protocol"], 0) + 1
+    per_node[console.ctx.manager.node_id] = console.ctx.registry.counts()    # this node: live
+    for n in nodes:
+        n["counts"] = per_node.get(n["id"], {})
+    return render(request, "overview.html", nodes=nodes,
                   chart=svg_chart(list(console.rates.points)), totals=totals, warnings=warnings,
                   interval=console.rates.interval)
 
@@ -395,8 +402,14 @@ async def dead_letters(request: web.Request) -> web.Response:
 async def connections(request: web.Request) -> web.Response:
     gate(request, "monitoring")
     console = request.app[CONSOLE]
-    return render(request, "connections.html", connections=console.ctx.registry.all(),
-                  nodes=await console.admin.nodes())
+    here = console.ctx.manager.node_id
+    rows = [{"node": here, "id": c.id, "protocol": c.protocol, "client_id": c.client_id, "user": c.user,
+             "peer": c.peer, "listener": c.listener, "since": c.since} for c in console.ctx.registry.all()]
+    rows += [{"node": c["node_id"], "id": c["id"], "protocol": c["protocol"], "client_id": c["client_id"],
+              "user": c["username"], "peer": c["peer"], "listener": c["listener"], "since": c["since"]}
+             for c in await console.admin.all_connections() if c["node_id"] != here]
+    rows.sort(key=lambda r: (r["node"], r["id"]))
+    return render(request, "connections.html", connections=rows, nodes=await console.admin.nodes())
 
 
 # --------------------------------------------------------------------------------- actions
@@ -494,6 +507,10 @@ async def act_redrive(console: Console, form: Any) -> str:
 
 async def act_close_connection(console: Console, form: Any) -> str:
     conn_id = _int(_field(form, "id"), "id")
+    node = _int(str(form.get("node", "")), "node", console.ctx.manager.node_id)
+    if node != console.ctx.manager.node_id:
+        await console.admin.request_close(node, conn_id)       # that node closes it (NOTIFY)
+        return f"asked node {node} to close connection {conn_id}"
     info = console.ctx.registry.get(conn_id)
     if info is None or not info.close():
         raise InvalidArgument(f"connection {conn_id} is not open on this node")

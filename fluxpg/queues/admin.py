@@ -84,6 +84,14 @@ class Admin:
     async def nodes(self) -> list[dict[str, Any]]:
         return [dict(r) for r in await db.fetch(self._pool, "nodes")]
 
+    async def all_connections(self) -> list[dict[str, Any]]:
+        """Every node's client connections as last reported (fluxpg.connections)."""
+        return [dict(r) for r in await db.fetch(self._pool, "all_connections")]
+
+    async def request_close(self, node: int, conn_id: int) -> None:
+        """Ask `node` to close its connection `conn_id` (NOTIFY fluxpg_close)."""
+        await db.fetchval(self._pool, "request_close", node, conn_id)
+
     def transient_queues(self) -> list[dict[str, Any]]:
         """Queues that live in this node's memory only (not in the database)."""
         out = []

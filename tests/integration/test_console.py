@@ -21,6 +21,7 @@ import aiohttp
 import pytest
 from aio_pika.abc import AbstractIncomingMessage
 
+from fluxpg import db
 from fluxpg.config import Config
 from fluxpg.server import Server
 
@@ -128,3 +129,49 @@ async def test_console_with_auth_off_on_loopback(dsn, qname, browser):
         assert {s["queue"]: s["head"] for s in await server.manager.queue_stats()}[qname] == 1
     finally:
         await server.close()
+
+
+async def test_connections_are_reported_by_every_node_and_closed_across_nodes(dsn, qname):
+    """Node A's AMQP client shows in fluxpg.connections (read by node B's admin), and node B's
+    close request reaches node A, which closes it."""
+    from fluxpg.queues.admin import Admin
+
+    config = Config.model_validate({"queues": [{"name": qname}]})
+    node_a = await Server.start(dsn, config, addresses=dict(ADDRESSES), migrate=False, retention=False)
+    node_b = await Server.start(dsn, config, addresses=dict(ADDRESSES), migrate=False, retention=False)
+    client = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{node_a.port('amqp091')}/")
+    try:
+        admin_b = Admin(node_b.manager)
+        mine = []
+        for _ in range(50):
+            mine = [c for c in await admin_b.all_connections()
+                    if c["node_id"] == node_a.manager.node_id and c["protocol"] == "amqp091"]
+            if mine:
+                break
+            await asyncio.sleep(0.1)
+        assert len(mine) == 1 and mine[0]["username"] == "guest" and mine[0]["peer"].startswith("127.0.0.1:")
+        await admin_b.request_close(node_a.manager.node_id, mine[0]["id"])
+        for _ in range(100):
+            if not client.connected.is_set():
+                break
+            await asyncio.sleep(0.1)
+        assert not client.connected.is_set()
+        for _ in range(50):          # and its row goes away with the next report
+            if not [c for c in await admin_b.all_connections() if c["id"] == mine[0]["id"]
+                    and c["node_id"] == node_a.manager.node_id]:
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError("the closed connection is still reported")
+    finally:
+        await client.close()
+        await node_b.close()
+        await node_a.close()
+    # A stopped node's rows go with it.
+    conn = await db.connect(dsn)
+    try:
+        left = await conn.fetchval("SELECT count(*) FROM fluxpg.connections WHERE node_id = ANY($1::int[])",
+                                   [node_a.manager.node_id, node_b.manager.node_id])
+    finally:
+        await conn.close()
+    assert left == 0

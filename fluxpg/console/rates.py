@@ -78,4 +78,4 @@ def svg_chart(points: list[tuple[float, float, float]], width: int = 720, height
 
     return {"width": width, "height": height, "empty": False, "in_line": line(1), "out_line": line(2),
             "top": top, "x0": pad_l, "x1": pad_l + w, "y0": pad_t + h, "y1": pad_t,
-            "minutes": span / 60.0, "last_in": points[-1][1], "last_out": points[-1][2]}
+            "span": span, "last_in": points[-1][1], "last_out": points[-1][2]}

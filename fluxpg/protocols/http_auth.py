@@ -24,7 +24,7 @@ from typing import Any
 
 from aiohttp import web
 
-from fluxpg.auth import AuthError, Principal
+from fluxpg.auth import AuthError, Principal, authorize
 
 PRINCIPAL = web.RequestKey("principal", object)   # the authenticated principal (None: auth off)
 OPEN_PATHS = ("/healthz",)
@@ -35,10 +35,6 @@ def has_right(principal: Principal | None, right: str) -> bool:
     """May `principal` do `right` ("monitoring" | "manage") broker-wide? None (auth off): yes."""
     if principal is None:
         return True
-    try:
-        from fluxpg.auth import authorize  # noqa: PLC0415
-    except ImportError:  # pragma: no cover - a tree before the shared authorize(): all-rights users only
-        return principal.permissions is None
     return authorize(principal, right, None)
 
 
@@ -128,6 +124,5 @@ async def auth_middleware(request: web.Request, handler):
         if principal is None:
             raise unauthorized("credentials required: HTTP Basic or a bearer token")
         if not has_right(principal, "monitoring"):
-            raise web.HTTPForbidden(text=f"{principal.display if hasattr(principal, 'display') else principal.username} "
-                                         "lacks the monitoring right")
+            raise web.HTTPForbidden(text=f"{principal.display} lacks the monitoring right")
     return await handler(request)

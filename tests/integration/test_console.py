@@ -104,6 +104,183 @@ async def login(page, base: str, user: str, password: str) -> None:
     await submit(page, "#login-form button")
 
 
+async def test_console_end_to_end_on_two_nodes(cluster, browser, qname, tmp_path):
+    node_a, node_b = cluster
+    shots = screenshot_dir(tmp_path)
+    base = f"http://127.0.0.1:{node_b.port('http')}"       # the console of node B …
+    amqp = await aio_pika.connect(f"amqp://app:app-secret@127.0.0.1:{node_a.port('amqp091')}/")   # … clients on A
+    try:
+        ch = await amqp.channel()
+        for i in range(3):
+            await ch.default_exchange.publish(aio_pika.Message(f'{{"order": {i}}}'.encode(),
+                                                               headers={"origin": "test"}), routing_key=qname)
+
+        context = await browser.new_context(viewport={"width": 1280, "height": 900})
+        page = await context.new_page()
+        page.on("dialog", lambda dialog: asyncio.ensure_future(dialog.accept()))
+
+        # Wrong password: refused, still on the log-in page.
+        await page.goto(f"{base}/login")
+        await page.fill("input[name=username]", "admin")
+        await page.fill("input[name=password]", "wrong")
+        await submit(page, "#login-form button")
+        assert "Wrong user name or password" in await page.inner_text("#login-error")
+
+        await login(page, base, "admin", "admin-secret")
+        assert page.url == f"{base}/"
+        nodes_text = await page.inner_text("#nodes")
+        for node in (node_a, node_b):
+            assert re.search(rf"^{node.manager.node_id}\b.*\balive\b", nodes_text, re.M), nodes_text
+        assert "admin (manage)" in await page.inner_text("header")
+
+        # Queues: the test's queue with its depth.
+        await submit(page, "nav >> text=Queues")
+        row = page.locator("#queues tr", has_text=qname).first
+        cells = await row.locator("td").all_inner_texts()
+        assert cells[0] == qname and cells[1] == "classic" and cells[3] == "3"
+        await page.screenshot(path=str(shots / "queues.png"), full_page=True)
+
+        # Browse its messages as pretty JSON.
+        async with page.expect_navigation():
+            await row.locator("a").first.click()
+        await page.select_option("#browse-form select[name=format]", "json")
+        await submit(page, "#browse-form button")
+        offsets = await page.locator("tr.message").evaluate_all("rows => rows.map(r => r.dataset.offset)")
+        assert offsets == ["0", "1", "2"]
+        payloads = await page.locator("tr.message pre.payload").all_inner_texts()
+        assert payloads == [f'{{\n  "order": {i}\n}}' for i in range(3)]
+        await page.screenshot(path=str(shots / "queue.png"), full_page=True)
+
+        # A real client dead-letters message 1 (acks the others).
+        q = await ch.get_queue(qname, ensure=False)
+        done = asyncio.Event()
+        seen: list[bytes] = []
+
+        async def on_message(msg: AbstractIncomingMessage) -> None:
+            seen.append(msg.body)
+            if msg.body == b'{"order": 1}' and "_redriven_from" not in (msg.headers or {}):
+                await msg.reject(requeue=False)
+            else:
+                await msg.ack()
+            if len(seen) >= 3:
+                done.set()
+
+        tag = await q.consume(on_message)
+        await asyncio.wait_for(done.wait(), 15)
+
+        # The dead letter in the console, with its reason and original topic.
+        dead = page.locator("tr.message")
+        for _ in range(50):            # the reject is asynchronous: reload until it is there
+            await page.goto(f"{base}/queue?name=%24dlq%2F{qname}")
+            if await dead.count():
+                break
+            await asyncio.sleep(0.2)
+        assert await dead.count() == 1
+        dead_cells = await dead.first.locator("td").all_inner_texts()
+        assert f"$queue/{qname}" in " ".join(dead_cells)
+        assert await dead.first.locator("td.reason").inner_text() == "rejected by AMQP client"
+        await page.screenshot(path=str(shots / "dead-letters.png"), full_page=True)
+
+        # Redrive it from the console: the count moved is shown, the client consumes it again.
+        done.clear()
+        await dead.first.locator("input.pick").check()
+        await submit(page, "#redrive-selected")
+        assert await page.inner_text("#flash") == f"moved 1 message from $dlq/{qname} back to {qname}"
+        assert await page.locator("tr.message").count() == 0
+        for _ in range(100):
+            if len(seen) >= 4:
+                break
+            await asyncio.sleep(0.1)
+        assert seen[3] == b'{"order": 1}'
+        await q.cancel(tag)
+
+        # The overview's rate chart has samples by now (every 0.5 s here).
+        await page.goto(f"{base}/")
+        assert await page.locator("#rates-chart polyline").count() == 2
+        await page.screenshot(path=str(shots / "overview.png"), full_page=True)
+
+        # Connections: the AMQP client is on node A; node B's console lists it (every node reports
+        # its connections to the database) and closes it (node B asks node A by NOTIFY).
+        row = page.locator(f"tr.connection[data-node='{node_a.manager.node_id}']", has_text="amqp091")
+        for _ in range(50):
+            await page.goto(f"{base}/connections")
+            if await row.count():
+                break
+            await asyncio.sleep(0.2)
+        assert "app" in await row.first.inner_text()         # the user it logged in as
+        await page.screenshot(path=str(shots / "connections.png"), full_page=True)
+        async with page.expect_navigation():
+            await row.first.locator("button").click()
+        assert f"asked node {node_a.manager.node_id} to close connection" in await page.inner_text("#flash")
+        for _ in range(100):
+            if not amqp.connected.is_set():
+                break
+            await asyncio.sleep(0.1)
+        assert not amqp.connected.is_set()
+
+        # A POST without the CSRF token (as a forged cross-site form would be) is refused.
+        cookies = {c["name"]: c["value"] for c in await context.cookies()}
+        async with aiohttp.ClientSession(cookies=cookies) as http:
+            async with http.post(f"{base}/action/publish", data={"topic": f"$queue/{qname}/x", "payload": "p"},
+                                 allow_redirects=False) as r:
+                assert r.status == 403 and "CSRF" in await r.text()
+            async with http.post(f"{base}/action/publish", allow_redirects=False,
+                                 data={"topic": f"$queue/{qname}/x", "payload": "p", "_csrf": "guess"}) as r:
+                assert r.status == 403
+        assert (await node_a.manager.queue_stats())  # still answering
+        await page.close()
+        await context.close()
+
+        # A viewer sees the pages but no action buttons, and an action is refused even with
+        # the viewer's own valid CSRF token.
+        context = await browser.new_context()
+        page = await context.new_page()
+        await login(page, base, "viewer", "viewer-secret")
+        assert "viewer (view only)" in await page.inner_text("header")
+        await page.goto(f"{base}/queue?name={qname}")
+        assert await page.locator("#publish-form").count() == 0
+        token = await page.locator("form[action='/logout'] input[name=_csrf]").get_attribute("value")
+        cookies = {c["name"]: c["value"] for c in await context.cookies()}
+        async with aiohttp.ClientSession(cookies=cookies) as http:
+            async with http.post(f"{base}/action/publish", allow_redirects=False,
+                                 data={"topic": f"$queue/{qname}/x", "payload": "p", "_csrf": token}) as r:
+                assert r.status == 403 and "lacks the manage right" in await r.text()
+        await context.close()
+        head = {s["queue"]: s["head"] for s in await node_a.manager.queue_stats()}[qname]
+        assert head == 4        # 3 published + 1 redriven; nothing from the refused actions
+    finally:
+        await amqp.close()
+
+
+async def test_http_auth_for_api_and_metrics(cluster):
+    node = cluster[0]
+    base = f"http://127.0.0.1:{node.port('http')}"
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{base}/healthz") as r:             # open, for load balancers
+            assert r.status == 200 and (await r.json())["status"] == "ok"
+        for path in ("/api/queues", "/metrics"):
+            async with http.get(base + path) as r:
+                assert r.status == 401 and r.headers["WWW-Authenticate"].startswith("Basic")
+                assert "credentials required" in (await r.json())["error"]
+            async with http.get(base + path, headers=basic("admin", "nope")) as r:
+                assert r.status == 401
+            async with http.get(base + path, headers=basic("app", "app-secret")) as r:
+                assert r.status == 403 and "monitoring" in (await r.json())["error"]
+            for headers in (basic("admin", "admin-secret"), basic("viewer", "viewer-secret"),
+                            {"Authorization": f"Bearer {TOKEN}"}):
+                async with http.get(base + path, headers=headers) as r:
+                    assert r.status == 200, (path, headers)
+            async with http.get(base + path, headers={"Authorization": "Bearer wrong-token-wrong-token"}) as r:
+                assert r.status == 401
+            async with http.get(base + path, headers={"Authorization": "Basic !!"}) as r:
+                assert r.status == 401
+        async with http.get(f"{base}/metrics", headers={"Authorization": f"Bearer {TOKEN}"}) as r:
+            assert "fluxpg_queue_depth" in await r.text()
+        # The console without a session: sent to the log-in page, which is open.
+        async with http.get(f"{base}/queues", allow_redirects=False) as r:
+            assert r.status == 303 and r.headers["Location"].startswith("/login")
+
+
 async def test_console_with_auth_off_on_loopback(dsn, qname, browser):
     server = await Server.start(dsn, Config.model_validate({"queues": [{"name": qname}]}),
                                 addresses=dict(ADDRESSES), migrate=False, retention=False)

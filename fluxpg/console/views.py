@@ -30,7 +30,7 @@ from urllib.parse import quote, urlencode
 import jinja2
 from aiohttp import web
 
-from fluxpg import connections
+from fluxpg import connections as live_connections
 from fluxpg.console.rates import Rates, svg_chart
 from fluxpg.console.sessions import COOKIE, Session, Sessions
 from fluxpg.errors import FluxError, InvalidArgument, UnknownQueue
@@ -167,7 +167,7 @@ def gate(request: web.Request, right: str) -> Session:
             target = request.path_qs if request.method == "GET" else "/"
             raise web.HTTPSeeOther("/login?" + urlencode({"next": target}))
     request[SESSION] = session
-    info = connections.current()
+    info = live_connections.current()
     if info is not None and session.user:     # the console's list of connections names its users too
         info.user = session.user
     if not session.can(right):

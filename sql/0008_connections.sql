@@ -1,4 +1,4 @@
--- Client connections of every broker node (migration 0007_connections), for the console: each node
+-- Client connections of every broker node (migration 0008_connections), for the console: each node
 -- reports its live connections here a few seconds after they change (fluxpg.report_connections);
 -- a node's rows go with its fluxpg.nodes row. UNLOGGED: it describes running processes only, and
 -- a crash of PostgreSQL ends those connections anyway.

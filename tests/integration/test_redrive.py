@@ -22,8 +22,10 @@ async def dead_letter(conn, queue: str, n: int, reject: list[int] | None = None)
     """Publish n messages m0..m{n-1} to `queue`, claim them all as group g, reject `reject` (all by
     default) and ack the rest. Returns the rejected offsets."""
     await conn.fetchval("SELECT fluxpg.declare_queue($1, 'classic', NULL, '{}')", queue)
-    await conn.fetch("SELECT * FROM fluxpg.publish_batch($1::text[], $2::bytea[], $3::jsonb[])",
-                     [f"$queue/{queue}/t{i % 3}" for i in range(n)], [f"m{i}".encode() for i in range(n)],
+    # Appended directly (fluxpg.publish stages for a broker's sequencer; no broker runs here).
+    qid = await conn.fetchval("SELECT id FROM fluxpg.queues WHERE name = $1", queue)
+    await conn.fetch("SELECT * FROM fluxpg.append_batch($1::int[], $2::text[], $3::bytea[], $4::jsonb[])",
+                     [qid] * n, [f"$queue/{queue}/t{i % 3}" for i in range(n)], [f"m{i}".encode() for i in range(n)],
                      [{"n": i} for i in range(n)])
     claimed = [r["seq"] for r in await conn.fetch("SELECT seq FROM fluxpg.claim($1, 'g', 'c1', $2)", queue, n)]
     assert claimed == list(range(n))

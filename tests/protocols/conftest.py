@@ -60,6 +60,8 @@ class ThreadedServer:
         return self.server.manager
 
     def close(self) -> None:
+        if self.loop.is_closed():
+            return      # a test closed it already (e.g. to restart on the same database)
         try:
             self.call(self.server.close())
         finally:

@@ -11,8 +11,13 @@ One `Router` per broker process (created on the first MQTT connection, kept in c
   not care) and deliver locally. The publisher's PUBACK waits for that commit.
 * Retained messages live in `fluxpg.mqtt_retained`, so every node and a restarted node see them;
   a SUBSCRIBE reads the rows under its filter's literal prefix and matches them in Python.
-* Sessions (subscriptions, undelivered QoS 1/2 messages) are kept in this process's memory: a
-  persistent session survives reconnects to the same node, not a restart or a move to another node.
+* Sessions live in the memory of the node that owns them; persistent ones (expiry > 0) are also
+  written through to PostgreSQL (fluxpg.queues.mqtt_sessions: subscriptions, QoS 1/2 messages
+  queued or in flight, inbound QoS 2 ids, the will, the expiry). A node adopts the sessions of
+  dead nodes at start and in housekeeping (a restart or kill -9 loses nothing confirmed); a CONNECT
+  on node B for a session node A owns asks A over NOTIFY fluxpg_mqtt_session to disconnect its
+  client (0x8E) and hand the session over, then B loads it. The publisher's PUBACK/PUBREC waits
+  for the rows of the persistent sessions its message was queued for.
 * Shared subscriptions `$share/<group>/<filter>`: each message goes to one member of the group
   across all nodes (§4.8.2). `fluxpg.mqtt_shared` holds a row per (group, filter, node) while that
   node has members; every node keeps a copy in memory (`shared_nodes`), reloaded when the table's
@@ -43,6 +48,8 @@ from typing import TYPE_CHECKING, Any
 
 from fluxpg.aio import cancel_and_wait
 from fluxpg import db
+from fluxpg.errors import FluxError
+from fluxpg.queues.mqtt_sessions import MqttSessionStore
 from fluxpg.topics import TopicTree, parse_shared, topic_matches
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -51,6 +58,8 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("fluxpg.mqtt.router")
 
 RELAY_CHANNEL = "fluxpg_mqtt"
+SESSION_CHANNEL = "fluxpg_mqtt_session"   # '<owner>:<new node>:<client id>': hand a session over
+HANDOVER_TIMEOUT = 5.0            # seconds a node waits for a session's owner to hand it over
 SHARED_CHANNEL = "fluxpg_mqtt_shared"     # sent by fluxpg.mqtt_shared's trigger (sql/mqtt_shared.sql)
 RELAY_KEEP = timedelta(seconds=60)    # relay rows older than this are pruned by their node
 HOUSEKEEPING_INTERVAL = 2.0       # seconds between remote-node checks and prunes
@@ -224,15 +233,21 @@ class Router:
         self.outbound_messages = OFFLINE_QUEUE_LIMIT
         self.outbound_bytes = 0
         self.connection_outbound_bytes = 0
+        self.store: MqttSessionStore | None = None
+        self._handovers: set[asyncio.Task] = set()
 
     # --- life cycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
         await self._refresh_nodes()
+        self.store = MqttSessionStore(self.manager.pool, self.node_id, self.manager.qm.heartbeat_timeout)
+        self.store.start()
         self._listener = db.Listener(self.manager.dsn, {RELAY_CHANNEL: self._on_notify,
-                                                        SHARED_CHANNEL: self._on_shared_notify})
+                                                        SHARED_CHANNEL: self._on_shared_notify,
+                                                        SESSION_CHANNEL: self._on_session_notify})
         await self._listener.start()
         await self._reload_shared()
+        await self.adopt_sessions()
         self._tasks = [
             asyncio.create_task(self._writer(), name="fluxpg-mqtt-relay-writer"),
             asyncio.create_task(self._reader(), name="fluxpg-mqtt-relay-reader"),
@@ -255,6 +270,9 @@ class Router:
             if not fut.done():
                 fut.set_result(None)
         self._shared_waiters.clear()
+        await cancel_and_wait(list(self._handovers))
+        if self.store is not None:
+            await self.store.close()      # what sessions wrote reaches the database
         try:
             # Tell the other nodes at once that this node's members are gone (deregistering the
             # node would cascade too, but only once the queue manager closes).
@@ -281,6 +299,8 @@ class Router:
                 await self._reload_shared()
                 await self.manager.pool.execute(q["relay_prune"], self.node_id, RELAY_KEEP)
                 await self.manager.pool.execute(q["retained_prune"])
+                await self._expire_stored()
+                await self.adopt_sessions()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - the next round retries
@@ -331,6 +351,120 @@ class Router:
         if self.sessions.get(sess.client_id) is sess:
             del self.sessions[sess.client_id]
 
+    # --- durable sessions (fluxpg.queues.mqtt_sessions) ---------------------------------------
+
+    async def fetch_session(self, client_id: str, load: bool = True) -> Session | None:
+        """A session stored in the database but not in this node's memory: have its owner hand
+        it over if that node is alive (it disconnects the client with 0x8E), then load it
+        (load=False: a clean start; the stored state is deleted instead)."""
+        from .session import restore_session
+
+        owner = await self.store.owner(client_id)
+        if owner is None:
+            return None
+        node, alive = owner
+        if node is not None and node != self.node_id and alive:
+            await self.store.notify_owner(node, client_id)
+            deadline = time.monotonic() + HANDOVER_TIMEOUT
+            while time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+                now = await self.store.owner(client_id)
+                if now is None or now[0] == self.node_id or not now[1]:
+                    break
+            else:
+                log.warning("MQTT %s: node %s did not hand the session over in %.0f s; taking it",
+                            client_id, node, HANDOVER_TIMEOUT)
+        if client_id in self.sessions:
+            return self.sessions[client_id]
+        await self.store.claim(client_id)
+        if not load:
+            self.store.submit("session_delete", client_id)
+            return None
+        data = await self.store.load(client_id)
+        if data is None:
+            return None
+        return restore_session(self, client_id, data)
+
+    async def adopt_sessions(self) -> None:
+        """Take the sessions of dead nodes (a crash, a restart) into memory: offline, their
+        expiry counting from their disconnect, their will published if a connection was
+        attached when the node died."""
+        from .session import restore_session, stored_will
+
+        try:
+            adopted = await self.store.adopt()
+        except FluxError as exc:
+            log.warning("adopting MQTT sessions failed: %s", exc)
+            return
+        except Exception as exc:  # noqa: BLE001 - housekeeping retries
+            log.warning("adopting MQTT sessions failed: %s", exc)
+            return
+        for client_id in adopted:
+            if client_id in self.sessions:
+                continue
+            data = await self.store.load(client_id)
+            if data is None:
+                continue
+            sess = restore_session(self, client_id, data)
+            self.sessions[client_id] = sess
+            row = data["session"]
+            if row["connected"]:
+                self.store.submit("session_disconnected", client_id, sess.expiry_interval)
+                will = stored_will(client_id, row)
+                if will is not None:
+                    msg, delay = will
+                    asyncio.get_running_loop().call_later(min(delay, sess.expiry_interval), self._publish_will, msg)
+            remaining = sess.expiry_interval - (row["offline_for"] or 0)
+            if sess.expiry_interval < 0xFFFFFFFF:
+                sess._expiry_timer = asyncio.get_running_loop().call_later(max(0.0, remaining), sess.end)
+            log.info("MQTT: adopted the session of %s (%d messages)", client_id,
+                     len(sess.inflight) + len(sess.outbox))
+
+    def _publish_will(self, msg: Message) -> None:
+        if self.closing:
+            return
+        fut = self.publish(msg)
+        if fut is not None:
+            fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+    async def _expire_stored(self) -> None:
+        for client_id in await self.store.expired():
+            sess = self.sessions.get(client_id)
+            if sess is not None and sess.conn is None:
+                sess.stored = False
+                sess.end()
+
+    def _on_session_notify(self, payload: str | None) -> None:
+        if payload is None:
+            return
+        try:
+            owner, new, client_id = payload.split(":", 2)
+            owner_id, new_id = int(owner), int(new)
+        except ValueError:
+            log.warning("ignoring malformed %s notification %r", SESSION_CHANNEL, payload)
+            return
+        if owner_id != self.node_id or new_id == self.node_id:
+            return
+        task = asyncio.create_task(self._hand_over(client_id, new_id), name=f"fluxpg-mqtt-handover-{client_id}")
+        self._handovers.add(task)
+        task.add_done_callback(self._handovers.discard)
+
+    async def _hand_over(self, client_id: str, new_node: int) -> None:
+        """Another node got a CONNECT for a session of ours: disconnect our client (0x8E), let
+        its state reach the database, and pass ownership on."""
+        sess = self.sessions.get(client_id)
+        if sess is not None:
+            if sess.conn is not None:
+                await sess.conn.takeover()
+            sess.cancel_timers()
+            if self.sessions.get(client_id) is sess:
+                self.drop_session(sess)
+        try:
+            await self.store.claim(client_id, new_node)
+        except Exception as exc:  # noqa: BLE001 - the other node takes it after its timeout
+            log.warning("MQTT %s: handing the session to node %s failed: %s", client_id, new_node, exc)
+        log.info("MQTT %s: session handed over to node %s", client_id, new_node)
+
     # --- publish ------------------------------------------------------------------------------
 
     def publish(self, msg: Message) -> asyncio.Future | None:
@@ -341,7 +475,8 @@ class Router:
         """
         msg.node = self.node_id
         msg.seq = next(self._seq)
-        self.route(msg)
+        waits: list[asyncio.Future] = []
+        self.route(msg, waits)
         fut: asyncio.Future | None = None
         if msg.retain:
             fut = asyncio.get_running_loop().create_future()
@@ -352,10 +487,14 @@ class Router:
             self._writes.append(("relay", msg, rfut))
             self._write_wake.set()
             fut = rfut  # the writer handles items in order: the later future covers both
+        if waits:
+            # Rows of persistent sessions the message was queued for: confirmed only once stored.
+            fut = asyncio.gather(*waits) if fut is None else asyncio.gather(fut, *waits)
         return fut
 
-    def route(self, msg: Message) -> int:
-        """Hand msg to every matching local session; returns how many got it."""
+    def route(self, msg: Message, waits: list | None = None) -> int:
+        """Hand msg to every matching local session; returns how many got it. The commits of
+        rows stored for persistent sessions are appended to `waits`."""
         matches = self.tree.match(msg.topic)
         if not matches:
             return 0
@@ -382,11 +521,15 @@ class Router:
                 target = self._pick_shared((share, inner))
                 opts = target.subs.get(f"$share/{share}/{inner}") if target is not None else None
                 if opts is not None:
-                    target.deliver_plain(msg, [opts])
+                    fut = target.deliver_plain(msg, [opts])
+                    if fut is not None and waits is not None:
+                        waits.append(fut)
                     delivered += 1
         for cid, opts_list in per_session.items():
             # Overlapping subscriptions of one session: one copy, highest QoS, every identifier.
-            self.sessions[cid].deliver_plain(msg, opts_list)
+            fut = self.sessions[cid].deliver_plain(msg, opts_list)
+            if fut is not None and waits is not None:
+                waits.append(fut)
             delivered += 1
         return delivered
 

@@ -59,7 +59,7 @@ from .codec import (MQTT_5, Auth, Connack, Connect, Decoder, Disconnect, MQTTErr
                     Properties, ProtocolError, Puback, Pubcomp, Publish, Pubrec, Pubrel, Suback, Subscribe,
                     Unsuback, Unsubscribe, UnsupportedProtocolVersion, encode)
 from .reasons import CONNACK_CODES, DISCONNECT_CODES, ReasonCode
-from .router import Message, Router, make_sub_options
+from .router import Message, Router, SubOptions, _ts, make_sub_options, props_from_json, props_to_json
 
 log = logging.getLogger("fluxpg.mqtt")
 
@@ -116,6 +116,7 @@ class Outgoing:
     qref: tuple[QueueSub, Delivery] | None = None
     pid: int = 0
     released: bool = False    # QoS 2: PUBREC received, PUBREL sent
+    key: int = 0              # row key in fluxpg.mqtt_session_messages (0 = not stored)
 
 
 class QueueSub:
@@ -200,14 +201,46 @@ class Session:
         # the outbound bound; queue deliveries are bounded by their credit instead.
         self.held = 0
         self.held_bytes = 0
+        # Durable state (fluxpg.mqtt_session_*): written through while the session is persistent.
+        self.stored = False
+        self.next_key = 1
+
+    # --- durable state ------------------------------------------------------------------------
+
+    @property
+    def store(self) -> Any:
+        """The session store while this session is persistent (expiry > 0), else None."""
+        return self.router.store if (self.stored and self.expiry_interval > 0) else None
+
+    def persist_new(self, out: Outgoing, wait: bool = False) -> asyncio.Future | None:
+        """Store a plain QoS 1/2 message for a persistent session (before it is handed on)."""
+        store = self.store
+        if store is None or not out.qos or out.qref is not None:
+            return None
+        out.key = self.next_key
+        self.next_key += 1
+        msg = out.msg
+        return store.submit("msg_insert", self.client_id, out.key, None, 0, msg.topic, msg.payload, out.qos,
+                            out.retain, props_to_json(msg.props), _ts(msg.expires_at), out.sub_ids or None,
+                            wait=wait)
+
+    def _store(self, op: str, *args: Any) -> None:
+        store = self.router.store if self.stored else None
+        if store is not None:
+            store.submit(op, self.client_id, *args)
 
     # --- outbound flow ------------------------------------------------------------------------
 
-    def deliver_plain(self, msg: Message, opts_list: list) -> None:
+    def deliver_plain(self, msg: Message, opts_list: list) -> asyncio.Future | None:
+        """Hand msg on; for a persistent session returns the future of its row's commit (the
+        publisher's PUBACK waits for it)."""
         qos = min(msg.qos, max(o.qos for o in opts_list))
         retain = msg.retain and any(o.retain_as_published for o in opts_list)
         sids = [o.subscription_id for o in opts_list if o.subscription_id]
-        self.enqueue(Outgoing(msg, qos, retain, sids))
+        out = Outgoing(msg, qos, retain, sids)
+        fut = self.persist_new(out, wait=True)
+        self.enqueue(out)
+        return fut
 
     def enqueue(self, out: Outgoing) -> None:
         """Hand a message to the client, or keep it for the client (bounded, see _over_bound).
@@ -268,6 +301,9 @@ class Session:
         if out.qref is None and out.qos:
             self.held -= 1
             self.held_bytes -= len(out.msg.payload)
+        if out.key:
+            self._store("msg_delete", out.key)
+            out.key = 0
 
     def _alloc_pid(self) -> int:
         for _ in range(0xFFFF):
@@ -279,6 +315,8 @@ class Session:
     def _send_new(self, out: Outgoing) -> None:
         out.pid = self._alloc_pid()
         self.inflight[out.pid] = out
+        if out.key:
+            self._store("msg_stage", out.key, out.pid, 1)
         if not self.conn.send_publish(out):
             # Expired or too large for the client: treated as delivered (§3.1.2.25).
             self.inflight.pop(out.pid, None)
@@ -331,6 +369,63 @@ class Session:
         self.outbox.clear()
         self.inflight.clear()
         self.held = self.held_bytes = 0
+        if self.stored:
+            self._store("session_delete")
+            self.stored = False
+
+
+def restore_session(router: Router, client_id: str, data: dict[str, Any]) -> Session:
+    """A Session in memory from its stored state (fluxpg.queues.mqtt_sessions.load), offline:
+    subscriptions back in the router, messages in flight (with their packet ids) and queued."""
+    row = data["session"]
+    sess = Session(router, client_id)
+    sess.stored = True
+    sess.expiry_interval = row["expiry_interval"]
+    for sub in data["subscriptions"]:
+        filt = sub["topic_filter"]
+        if sub["queue_group"] is not None:
+            try:
+                queue, qfilter = split_queue_subscription(filt)
+            except InvalidArgument:
+                continue
+            sess.queue_subs[filt] = QueueSub(sess, filt, queue, qfilter, sub["queue_group"], sub["qos"], None,
+                                             sub["subscription_id"])
+            continue
+        try:
+            opts = make_sub_options(filt, sub["qos"], sub["no_local"], sub["retain_as_published"],
+                                    sub["retain_handling"], sub["subscription_id"])
+        except InvalidArgument:
+            continue
+        router.add_subscription(sess, opts)
+    for m in data["messages"]:
+        msg = Message(m["topic"], bytes(m["payload"]), m["qos"], m["retain"], props_from_json(m["props"]),
+                      m["expires_at"].timestamp() if m["expires_at"] is not None else None)
+        out = Outgoing(msg, m["qos"], m["retain"], list(m["sub_ids"] or []), key=m["key"])
+        sess.next_key = max(sess.next_key, m["key"] + 1)
+        sess.held += 1
+        sess.held_bytes += len(msg.payload)
+        if m["packet_id"] is not None and m["stage"] >= 1 and m["packet_id"] not in sess.inflight:
+            out.pid = m["packet_id"]
+            out.released = m["stage"] == 2
+            sess.inflight[out.pid] = out
+        else:
+            sess.outbox.append(out)
+    sess.inbound_qos2.update(data["inbound"])
+    # Packet ids continue after the highest in flight, so new ones do not collide.
+    if sess.inflight:
+        start = max(sess.inflight) % 0xFFFF + 1
+        sess._pids = itertools.chain(range(start, 0x10000), itertools.cycle(range(1, 0x10000)))
+    return sess
+
+
+def stored_will(client_id: str, row: dict[str, Any]) -> tuple[Message, int] | None:
+    """The will kept with a session row whose connection was attached when its node died."""
+    w = row.get("will")
+    if not w or row.get("will_payload") is None:
+        return None
+    msg = Message(w["topic"], bytes(row["will_payload"]), w["qos"], w["retain"], props_from_json(w.get("props")),
+                  w.get("expires_at"), client_id)
+    return msg, int(w.get("delay") or 0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -595,6 +690,11 @@ class Connection:
         if any(out.qref is not None for out in sess.outbox):
             sess.outbox = deque(o for o in sess.outbox if o.qref is None)
         sess.trim()
+        if sess.stored:
+            if sess.expiry_interval > 0:
+                sess._store("session_disconnected", sess.expiry_interval)
+            elif self.router.closing:
+                sess._store("session_delete")
         if self.router.closing:
             return
         will = self.will if self.end_reason not in ("normal",) else None
@@ -700,6 +800,15 @@ class Connection:
         # Session: take over a live connection, then resume or start afresh.
         router = self.router
         existing = router.sessions.get(client_id)
+        if existing is None and router.store is not None:
+            # Not here: stored by another node (takeover across nodes), by a dead one (crash,
+            # restart), or nowhere.
+            try:
+                existing = await router.fetch_session(client_id, load=not c.clean_start)
+            except FluxError as exc:
+                log.warning("MQTT %s: loading the stored session failed: %s", client_id, exc)
+                self._connack_fail(RC.SERVER_UNAVAILABLE if v5 else RC.UNSPECIFIED_ERROR)
+                return False
         if existing is not None and existing.conn is not None:
             await existing.conn.takeover()
             existing = router.sessions.get(client_id)
@@ -713,6 +822,20 @@ class Connection:
         sess.expiry_interval = expiry
         router.sessions[client_id] = sess
         self.session = sess
+        if expiry > 0 and router.store is not None:
+            # The session row (with this connection's will) is committed before CONNACK.
+            sess.stored = True
+            will = self.will
+            will_json = None if will is None else {
+                "topic": will.topic, "qos": will.qos, "retain": will.retain, "props": props_to_json(will.props),
+                "delay": self.will_delay, "expires_at": will.expires_at}
+            try:
+                await router.store.submit("session_upsert", client_id, router.node_id, expiry, self.version,
+                                          will_json, will.payload if will is not None else None, wait=True)
+            except FluxError as exc:
+                log.warning("MQTT %s: storing the session failed: %s", client_id, exc)
+                self._connack_fail(RC.SERVER_UNAVAILABLE if v5 else RC.UNSPECIFIED_ERROR)
+                return False
         ack_props = Properties()
         if v5:
             ack_props.receive_maximum = self.opt.receive_maximum
@@ -918,6 +1041,11 @@ class Connection:
             if fut is not None:
                 fut.add_done_callback(_log_failure)
             return None
+        if qos == 2 and self.session.store is not None:
+            # PUBREC only once the packet id is stored: a PUBLISH resent after a restart is
+            # then recognised and not delivered twice (exactly once).
+            sfut = self.session.store.submit("inbound_add", self.client_id, pid, wait=True)
+            fut = sfut if fut is None else asyncio.gather(fut, sfut)
         return self._push(fut, self._answer(p, "pub/sub"))
 
     def _answer(self, p: Publish, what: str):
@@ -1021,6 +1149,8 @@ class Connection:
             return
         if not out.released:
             out.released = True
+            if out.key:
+                sess._store("msg_stage", out.key, out.pid, 2)
             if out.qref is not None and not self.v5:
                 self._ack_delivery(out)
         self.write(Pubrel(p.packet_id))
@@ -1039,6 +1169,8 @@ class Connection:
         sess = self.session
         if p.packet_id in sess.inbound_qos2:
             sess.inbound_qos2.discard(p.packet_id)
+            if sess.store is not None:
+                sess._store("inbound_delete", p.packet_id)
             self.inbound_unacked -= 1
             self.write(Pubcomp(p.packet_id))
         else:
@@ -1084,6 +1216,8 @@ class Connection:
             # A new shared member: SUBACK once the other nodes can learn of it (fluxpg.mqtt_shared
             # written), so the group's messages are split with it from about then on.
             await self.router.shared_written()
+        if sess.store is not None:
+            await sess.store.flush()    # SUBACK after the subscription rows are committed
         props = Properties(reason_string="; ".join(reasons)[:200]) if (reasons and self.v5) else Properties()
         self.write(Suback(p.packet_id, codes, props))
         for opts, _new in retained:
@@ -1096,7 +1230,9 @@ class Connection:
                 if msg.expired():
                     continue
                 qos = min(msg.qos, opts.qos)
-                sess.enqueue(Outgoing(msg, qos, True, [opts.subscription_id] if opts.subscription_id else []))
+                out = Outgoing(msg, qos, True, [opts.subscription_id] if opts.subscription_id else [])
+                sess.persist_new(out)
+                sess.enqueue(out)
 
     def _subscribe_plain(self, s: Any, sid: int | None, retained: list) -> tuple[ReasonCode, str]:
         try:
@@ -1107,6 +1243,9 @@ class Connection:
         if not self._allowed("consume", opts.inner, opts.share):
             return RC.NOT_AUTHORIZED, "not authorized"
         new = self.router.add_subscription(self.session, opts)
+        if self.session.store is not None:
+            self.session._store("sub_upsert", s.topic_filter, s.qos, bool(s.no_local), bool(s.retain_as_published),
+                                s.retain_handling, sid, None)
         if opts.share is None and (opts.retain_handling == 0 or (opts.retain_handling == 1 and new)):
             retained.append((opts, new))
         return ReasonCode(s.qos), ""
@@ -1138,6 +1277,8 @@ class Connection:
             rc, _ = _flux_reason(exc)
             return (rc if rc != RC.QUOTA_EXCEEDED else RC.UNSPECIFIED_ERROR), str(exc)
         sess.queue_subs[s.topic_filter] = qsub
+        if sess.store is not None:
+            sess._store("sub_upsert", s.topic_filter, s.qos, False, False, 0, sid, group)
         return ReasonCode(s.qos), ""
 
     def _queue_credit(self) -> int:
@@ -1151,6 +1292,8 @@ class Connection:
         for i, f in enumerate(p.topic_filters):
             if f not in sess.queue_subs:
                 plain[i] = RC.SUCCESS if self.router.remove_subscription(sess, f) else RC.NO_SUBSCRIPTION_EXISTED
+            if sess.store is not None:
+                sess._store("sub_delete", f)
         return self._push(None, None, run=lambda: self._unsubscribe(p, plain))
 
     async def _unsubscribe(self, p: Unsubscribe, plain: dict) -> None:
@@ -1264,4 +1407,4 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ini
         pass
 
 
-__all__ = ["handle", "MqttOptions", "get_router", "Connection", "Session"]
+__all__ = ["handle", "MqttOptions", "get_router", "Connection", "Session", "restore_session"]

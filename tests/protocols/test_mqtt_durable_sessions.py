@@ -1,0 +1,198 @@
+"""Durable MQTT sessions (issue 16): a persistent session's subscriptions and QoS 1/2 messages
+survive a clean restart, a kill -9 of the broker process, and a move to another node; a CONNECT
+on node B takes the session over from node A (A's client gets DISCONNECT 0x8E); expiry removes
+the stored state. Real paho clients (3.1.1 and 5.0), counted exactly."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import asyncpg
+import pytest
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties as PahoProps
+
+from test_mqtt_paho import V5, V311, Paho, uid, wait_until
+
+
+def persistent(version, client_id, port, expiry=300, **kw) -> Paho:
+    if version == V5:
+        cp = PahoProps(PacketTypes.CONNECT)
+        cp.SessionExpiryInterval = expiry
+        return Paho(port, client_id, version=V5, clean=False, props=cp, **kw)
+    return Paho(port, client_id, version=V311, clean=False, **kw)
+
+
+def stored(dsn, sql, *args):
+    async def run():
+        conn = await asyncpg.connect(dsn)
+        try:
+            return await conn.fetchval(sql, *args)
+        finally:
+            await conn.close()
+    import asyncio
+    return asyncio.run(run())
+
+
+def collect(client: Paho, n: int) -> list:
+    return [client.get() for _ in range(n)]
+
+
+@pytest.mark.parametrize("version", [V5, V311])
+def test_session_survives_a_clean_restart(threaded_broker, dsn, version):
+    topic = f"dur/{uid()}"
+    cid = uid("dev")
+    a = threaded_broker()
+    sub = persistent(version, cid, a.port("mqtt"))
+    sub.subscribe(f"{topic}/q1", qos=1)
+    sub.subscribe(f"{topic}/q2", qos=2)
+    sub.close()
+    pub = Paho(a.port("mqtt"), version=version)
+    for i in range(10):
+        pub.publish(f"{topic}/q1", b"one-%d" % i, qos=1)
+        pub.publish(f"{topic}/q2", b"two-%d" % i, qos=2)
+    pub.close()
+    assert stored(dsn, "SELECT count(*) FROM fluxpg.mqtt_session_messages WHERE client_id = $1", cid) == 20
+    a.close()
+
+    b = threaded_broker()                      # a new process state: only the database remains
+    again = persistent(version, cid, b.port("mqtt"))
+    assert again.connack_flags.session_present
+    got = collect(again, 20)
+    assert sorted(m.payload for m in got) == sorted([b"one-%d" % i for i in range(10)] + [b"two-%d" % i for i in range(10)])
+    assert [m.payload for m in got if m.topic.endswith("q1")] == [b"one-%d" % i for i in range(10)]
+    assert {m.qos for m in got if m.topic.endswith("q2")} == {2}
+    again.nothing(0.5)
+    # The subscriptions came back too: a new message reaches the resumed session.
+    pub = Paho(b.port("mqtt"), version=version)
+    pub.publish(f"{topic}/q2", b"after", qos=2)
+    assert again.get().payload == b"after"
+    again.nothing(0.3)
+    wait_until(lambda: stored(dsn, "SELECT count(*) FROM fluxpg.mqtt_session_messages WHERE client_id = $1", cid) == 0)
+    again.close()
+    pub.close()
+
+
+def test_takeover_across_nodes_moves_the_session(threaded_broker, dsn):
+    a = threaded_broker()
+    b = threaded_broker()
+    topic = f"move/{uid()}"
+    cid = uid("mover")
+    on_a = persistent(V5, cid, a.port("mqtt"), manual_ack=True)
+    on_a.subscribe(topic, qos=1)
+    pub = Paho(a.port("mqtt"))
+    for i in range(5):
+        pub.publish(topic, b"m%d" % i, qos=1)
+    # A's client received them but does not acknowledge: they are in flight on node A.
+    assert sorted(m.payload for m in collect(on_a, 5)) == [b"m%d" % i for i in range(5)]
+    # Same client id on node B while connected to A.
+    on_b = persistent(V5, cid, b.port("mqtt"))
+    assert on_b.connack_flags.session_present
+    assert on_a.disconnected.wait(10)
+    assert int(on_a.disconnect_rc.value) == 0x8E
+    got = collect(on_b, 5)
+    assert sorted(m.payload for m in got) == [b"m%d" % i for i in range(5)]
+    # The session's subscription now lives on B: a message published on A reaches it via B.
+    pub.publish(topic, b"via-a", qos=1)
+    assert on_b.get().payload == b"via-a"
+    on_b.nothing(0.5)
+    owner = stored(dsn, "SELECT node_id FROM fluxpg.mqtt_sessions WHERE client_id = $1", cid)
+    assert owner == b.manager.node_id
+    on_b.close()
+    pub.close()
+
+
+def test_expiry_removes_stored_state(threaded_broker, dsn):
+    a = threaded_broker()
+    cid = uid("short")
+    c = persistent(V5, cid, a.port("mqtt"), expiry=1)
+    c.subscribe(f"exp/{uid()}", qos=1)
+    c.close()
+    assert stored(dsn, "SELECT count(*) FROM fluxpg.mqtt_sessions WHERE client_id = $1", cid) == 1
+    wait_until(lambda: stored(dsn, "SELECT count(*) FROM fluxpg.mqtt_sessions WHERE client_id = $1", cid) == 0, 10)
+    assert stored(dsn, "SELECT count(*) FROM fluxpg.mqtt_session_subscriptions WHERE client_id = $1", cid) == 0
+    again = persistent(V5, cid, a.port("mqtt"))
+    assert not again.connack_flags.session_present
+    again.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class BrokerProcess:
+    def __init__(self, dsn: str, port: int):
+        self.dsn, self.port = dsn, port
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        env = {**os.environ, "FLUXPG_DSN": self.dsn}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "fluxpg.cli", "serve", "--mqtt", f"127.0.0.1:{self.port}",
+             "--amqp", "off", "--amqp091", "off", "--http", "off"],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(self.proc.stderr.read().decode()[-2000:])
+            try:
+                socket.create_connection(("127.0.0.1", self.port), 0.5).close()
+                return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError("broker did not start")
+
+    def kill9(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", [V5, V311])
+def test_session_survives_kill_9(dsn, version):
+    """Everything the publisher got a PUBACK/PUBCOMP for, and the messages in flight to the
+    subscriber when the broker was killed, arrive after the restart; QoS 2 exactly once."""
+    port = _free_port()
+    broker = BrokerProcess(dsn, port)
+    broker.start()
+    try:
+        topic = f"k9/{uid()}"
+        cid = uid("k9")
+        sub = persistent(version, cid, port)
+        sub.subscribe(f"{topic}/#", qos=2)
+        got_before = []
+        sub.c.on_message = lambda c, u, m: got_before.append(m.payload)
+        pub = Paho(port, version=version)
+        for i in range(20):
+            pub.publish(f"{topic}/live", b"a%d" % i, qos=2)
+        wait_until(lambda: len(got_before) == 20)
+        sub.close()
+        for i in range(30):
+            pub.publish(f"{topic}/q1", b"b%d" % i, qos=1)
+            pub.publish(f"{topic}/q2", b"c%d" % i, qos=2)
+        broker.kill9()
+        pub.c.loop_stop()
+        broker.start()
+        again = persistent(version, cid, port)
+        assert again.connack_flags.session_present
+        got = collect(again, 60)
+        assert sorted(m.payload for m in got) == sorted([b"b%d" % i for i in range(30)] + [b"c%d" % i for i in range(30)])
+        again.nothing(1.0)
+        assert sorted(got_before) == sorted(b"a%d" % i for i in range(20))
+        again.close()
+    finally:
+        broker.stop()

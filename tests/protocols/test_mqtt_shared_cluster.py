@@ -80,7 +80,8 @@ def test_0004_upgrade_comments_everything_and_downgrade_removes_it(server_dsn):
             """).fetchall()
             assert uncommented == []
             # Rows go with their node, and joining or leaving notifies.
-            node = c.execute("SELECT fluxpg.register_node('h', 1)").fetchone()[0]
+            # Below head no functions are installed (fluxpg.routines): insert the node row directly.
+            node = c.execute("INSERT INTO fluxpg.nodes (host, pid) VALUES ('h', 1) RETURNING id").fetchone()[0]
             c.execute("LISTEN fluxpg_mqtt_shared")
             c.commit()
             c.execute("INSERT INTO fluxpg.mqtt_shared VALUES ('g', 'a/#', %s, 1)", (node,))

@@ -255,6 +255,7 @@ class Subscription:
     async def _fail(self, exc: FluxError) -> None:
         log.warning("subscription %s/%s ended: %s", self.queue, self.consumer, exc)
         self._closed = True
+        self.manager._detach(self)   # an ended subscription is no consumer any more (counts, if-unused)
         if self._on_error is not None:
             result = self._on_error(exc)
             if asyncio.iscoroutine(result):
@@ -422,6 +423,16 @@ class QueueManager:
         self.queues_by_id = {q.id: q for q in queues.values()}
         self._routes = {}
         self._bindings, self._reserved_bindings = bindings, reserved
+        # A queue deleted elsewhere (another node's queue.delete, the CLI): its consumers here end
+        # now (AMQP basic.cancel), even those idle without credit that would never read again.
+        for sub in [s for s in self.subscriptions
+                    if s.queue_id is not None and s.queue_id not in self.queues_by_id]:
+            asyncio.ensure_future(self._end_subscription(sub, UnknownQueue(f"queue {sub.queue!r} was deleted")))
+
+    async def _end_subscription(self, sub: Subscription, exc: FluxError) -> None:
+        if not sub._closed:
+            await sub._fail(exc)
+        await sub.close()
 
     def _on_queues_notify(self, _payload: str | None) -> Awaitable[None] | None:
         if self.pool is not None:
@@ -701,8 +712,7 @@ class QueueManager:
         await self.reload_queues()
         gone = UnknownQueue(f"queue {name!r} was deleted")
         for sub in [s for s in self.subscriptions if s.queue == name]:
-            await sub._fail(gone)
-            await sub.close()
+            await self._end_subscription(sub, gone)
         return n
 
     def transaction(self, *, max_bytes: int | None = None):

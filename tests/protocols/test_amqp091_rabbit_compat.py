@@ -303,3 +303,26 @@ def test_update_secret_rechecks_credentials(threaded_broker):
         conn.update_secret("wrong", "token refreshed")
         conn.process_data_events(time_limit=1)
     assert err.value.reply_code == 403
+
+
+def test_delete_on_one_node_cancels_consumers_on_another(threaded_broker, qname):
+    a = threaded_broker()
+    b = threaded_broker()
+    deleter, consumer_conn = _connect(a), _connect(b)
+    try:
+        deleter.channel().queue_declare(qname, durable=True)
+        ch = consumer_conn.channel()
+        cancelled = []
+        ch.add_on_cancel_callback(lambda frame: cancelled.append(frame.method.consumer_tag))
+        ch.basic_qos(prefetch_count=1)
+        tag = ch.basic_consume(qname, lambda *a: None)
+        assert deleter.channel().queue_delete(qname).method.message_count == 0
+        for _ in range(100):
+            if cancelled:
+                break
+            consumer_conn.process_data_events(time_limit=0.1)
+        assert cancelled == [tag]     # NOTIFY fluxpg_queues → node b reloads → basic.cancel
+        assert not b.manager.subscriptions
+    finally:
+        consumer_conn.close()
+        deleter.close()

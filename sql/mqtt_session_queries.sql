@@ -1,5 +1,5 @@
 -- Named queries of durable MQTT sessions (fluxpg/queues/mqtt_sessions.py; tables in
--- sql/0008_mqtt_sessions.sql). Each starts with `-- name: x`.
+-- sql/0009_mqtt_sessions.sql). Each starts with `-- name: x`.
 
 -- name: session_upsert
 -- A persistent session attached to a connection at node $2 (CONNECT).

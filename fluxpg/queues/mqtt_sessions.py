@@ -1,6 +1,6 @@
 """Durable MQTT session state in PostgreSQL (issue 16): the queue-manager side of the MQTT
 front-end's persistent sessions. SQL in sql/mqtt_session_queries.sql, tables in
-sql/0008_mqtt_sessions.sql.
+sql/0009_mqtt_sessions.sql.
 
 Writes are a write-through log: the session code calls `submit(op, *args)` in the order things
 happen; one writer task applies whatever has piled up in ONE transaction, in that order (group

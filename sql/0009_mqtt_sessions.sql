@@ -1,4 +1,4 @@
--- Durable MQTT sessions (migration 0008_mqtt_sessions, issue 16). A persistent session (3.1.1
+-- Durable MQTT sessions (migration 0009_mqtt_sessions, issue 16). A persistent session (3.1.1
 -- clean session = 0, 5.0 session expiry > 0) is owned by one live node, which keeps it in memory
 -- and writes every change through to these tables, so a restart (even kill -9), another node or
 -- a takeover finds it: subscriptions, QoS 1/2 messages queued or in flight (both directions), the

@@ -3,7 +3,8 @@
 Why: the decoders build Python/C objects for every element they meet, and the encodings let a
 tiny input announce a huge number of elements. An AMQP 1.0 array of `null`/`true`/`uint0`
 elements (zero-width constructors 0x40–0x45) costs 0 bytes per element, so a 13-byte array32
-announces four billion values: proton decoded a 97-byte message for ~0.18 s of the event loop.
+announces four billion values: proton decoded a 97-byte message for ~0.18 s of the event loop
+(such arrays may hold no more elements than the input has bytes).
 AMQP 0-9-1 field tables/arrays nest without limit. The scans below only walk lengths and
 constructor bytes — no objects, O(input) time with no amplification — and refuse an input whose
 nesting is deeper than `max_depth` or that holds more than `max_elements` values in total
@@ -46,11 +47,12 @@ DEFAULT_LIMITS = Limits()
 
 
 class _Budget:
-    __slots__ = ("left", "limits")
+    __slots__ = ("input_size", "left", "limits")
 
-    def __init__(self, limits: Limits):
+    def __init__(self, limits: Limits, input_size: int = 0):
         self.limits = limits
         self.left = limits.max_elements
+        self.input_size = input_size
 
     def take(self, n: int = 1) -> None:
         self.left -= n
@@ -262,6 +264,10 @@ def _amqp10_body(code: int, data, pos: int, end: int, depth: int, budget: _Budge
     budget.take(count)   # before anything else: zero-width elements cost nothing to announce
     elem, pos = _amqp10_constructor(data, pos, stop, depth + 1, budget)
     elem_width = _amqp10_width(elem)
+    if elem_width == 0 and count > budget.input_size:
+        # Every other element costs the sender at least a byte; these cost nothing, so their
+        # number is bounded by the input's size too (decoding is then linear in the input).
+        raise DecodeLimitError(f"array of {count} zero-width values in {budget.input_size} bytes")
     if elem_width is not None:
         _need(data, pos, count * elem_width, stop)
         return stop
@@ -282,7 +288,7 @@ def amqp10_values(data: bytes | bytearray | memoryview, limits: Limits = DEFAULT
     """Scan consecutive AMQP 1.0 encoded values (a message's sections, a performative) in
     data[start:end]; at most `max_values` of them (None: to the end). Returns the end offset."""
     end = len(data) if end is None else end
-    budget = _Budget(limits)
+    budget = _Budget(limits, end - start)
     pos = start
     n = 0
     while pos < end and (max_values is None or n < max_values):

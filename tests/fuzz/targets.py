@@ -60,12 +60,12 @@ def mqtt(data: bytes) -> None:
 # --------------------------------------------------------------------------- AMQP 0-9-1
 
 
-def amqp091(data: bytes) -> None:
+def amqp091(data: bytes) -> Callable[[], None] | None:
     """Framing, then every method / content header through pamqp and our property conversion.
     With an even first byte the input is split into frames; with an odd one it is a method or
     content-header payload as is (so the fuzzer reaches pamqp without learning the framing)."""
     if not data:
-        return
+        return None
     body = data[1:]
     if data[0] & 1:
         frames = [framing.Frame(framing.FRAME_HEADER if data[0] & 2 else framing.FRAME_METHOD, 1, body)]
@@ -78,15 +78,22 @@ def amqp091(data: bytes) -> None:
         frames = dec.feed(body)
         if dec.error_pending:
             dec.feed(b"")
+    stored: list[dict] = []
     for frame in frames:
         if frame.type == framing.FRAME_METHOD:
             framing.decode_method(frame.payload)
         elif frame.type == framing.FRAME_HEADER:
             ch = framing.decode_content_header(frame.payload)
-            stored = headers_from_properties(ch.properties, "ex", "rk")
-            # …and back out to a consumer, as the broker does on delivery
-            props, _, _ = delivery_properties(_delivery(stored))
-            framing.content_frames(1, props, b"body", 131072)
+            stored.append(headers_from_properties(ch.properties, "ex", "rk"))
+    if stored:
+        return lambda: [_deliver091(h) for h in stored]
+    return None
+
+
+def _deliver091(stored: dict) -> None:
+    """…and back out to a consumer, as the broker does on delivery (another event loop turn)."""
+    props, _, _ = delivery_properties(_delivery(stored))
+    framing.content_frames(1, props, b"body", 131072)
 
 
 def _delivery(headers: dict) -> Delivery:
@@ -96,12 +103,12 @@ def _delivery(headers: dict) -> Delivery:
 # --------------------------------------------------------------------------- AMQP 1.0
 
 
-def amqp10(data: bytes) -> None:
+def amqp10(data: bytes) -> Callable[[], None] | None:
     """Even first byte: the rest is a transfer's message bytes — decoded (pre-scan, proton),
     converted for the log, and converted back for a receiver. Odd: the rest is the connection's
     byte stream after the protocol header — frame gate, then proton's transport and events."""
     if not data:
-        return
+        return None
     body = data[1:]
     if data[0] & 1:
         engine = ProtonEngine(container_id="fuzz")
@@ -109,15 +116,20 @@ def amqp10(data: bytes) -> None:
         engine.receive(gate.feed(b"AMQP\x00\x01\x00\x00" + body))
         engine.events()
         engine.output()
-        return
+        return None
     message = amqp10_messages.decode(body, LIMITS)
     payload, headers = amqp10_messages.to_log(message)
+    return lambda: _deliver10(payload, headers)
+
+
+def _deliver10(payload: bytes, headers: dict) -> None:
+    """The stored message back out to a receiver (another event loop turn)."""
     out = amqp10_messages.from_delivery(Delivery("q", "g", 0, 1, "$queue/q/x", payload, headers,
                                                  datetime(2026, 1, 1, tzinfo=timezone.utc), 1))
     out.encode()
 
 
-TARGETS: dict[str, Callable[[bytes], None]] = {"mqtt": mqtt, "amqp091": amqp091, "amqp10": amqp10}
+TARGETS: dict[str, Callable[[bytes], Callable[[], None] | None]] = {"mqtt": mqtt, "amqp091": amqp091, "amqp10": amqp10}
 # The errors each codec is allowed to raise (its own protocol errors).
 EXPECTED: dict[str, tuple[type[BaseException], ...]] = {
     "mqtt": (MQTTError,),
@@ -127,17 +139,24 @@ EXPECTED: dict[str, tuple[type[BaseException], ...]] = {
 
 
 def run_once(name: str, data: bytes) -> float:
-    """Run a target on one input; the seconds it took. Expected errors are swallowed; anything
-    else propagates."""
+    """Run a target on one input; the seconds it took. A target may return a second step (the
+    stored message delivered to a consumer: another turn of the event loop), timed on its own;
+    the longer of the two counts. Expected errors are swallowed; anything else propagates."""
     target, expected = TARGETS[name], EXPECTED[name]
     # CPU time of this process, not wall time: what an input costs the event loop, without the
     # time other processes (a loaded CI machine, a niced long run) take the CPU away from us.
     started = time.process_time()
+    then = None
     try:
-        target(data)
+        then = target(data)
     except expected:
         pass
-    return time.process_time() - started
+    took = time.process_time() - started
+    if then is not None:
+        started = time.process_time()
+        then()
+        took = max(took, time.process_time() - started)
+    return took
 
 
 def timed(name: str, data: bytes) -> float:

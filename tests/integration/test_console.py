@@ -24,6 +24,7 @@ from aio_pika.abc import AbstractIncomingMessage
 from fluxpg import db
 from fluxpg.config import Config
 from fluxpg.server import Server
+from tests.protocols.test_tls import certs  # noqa: F401 - the throwaway CA and server certificate fixture
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 REPO = Path(__file__).resolve().parents[2]
@@ -352,3 +353,141 @@ async def test_connections_are_reported_by_every_node_and_closed_across_nodes(ds
     finally:
         await conn.close()
     assert left == 0
+
+
+CSRF = re.compile(r'name="_csrf" value="([^"]+)"')
+
+
+async def test_group_actions_pending_page_warnings_and_errors(dsn, qname, manager_factory):
+    """The console's group actions over HTTP as the browser sends them (auth off, loopback):
+    pending entries listed, reset to an offset / first / last / a time, claim stale entries to a
+    named consumer, delete the group; a lag warning on the overview; bad input is a one-line
+    error on the page, never a traceback."""
+    config = Config.model_validate({"queues": [{"name": qname}],
+                                    "console": {"lag_warning": 5, "pending_age_warning": "0s"}})
+    server = await Server.start(dsn, config, addresses=dict(ADDRESSES), migrate=False, retention=False)
+    try:
+        mgr = server.manager
+        for i in range(20):
+            await mgr.publish(f"$queue/{qname}/o", f"m{i}".encode())
+        conn = await db.connect(dsn)
+        try:
+            claimed = await conn.fetch("SELECT seq FROM fluxpg.claim($1, 'workers', 'w1', 3)", qname)
+            assert [r["seq"] for r in claimed] == [0, 1, 2]
+        finally:
+            await conn.close()
+        base = f"http://127.0.0.1:{server.port('http')}"
+        async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:   # cookies of 127.0.0.1
+            async with http.get(f"{base}/") as r:
+                page = await r.text()
+                assert "group workers of " + qname in page and "lags 20 messages" in page   # lag_warning 5
+            async with http.get(f"{base}/queue", params={"name": qname}) as r:
+                token = CSRF.search(await r.text()).group(1)
+
+            async def act(name: str, **form) -> str:
+                async with http.post(f"{base}/action/{name}", data={"_csrf": token, "back": "/", **form}) as r:
+                    assert r.status == 200 and "Traceback" not in await r.text()
+                    return r.url.query.get("msg") or "ERROR: " + (r.url.query.get("err") or "")
+
+            async with http.get(f"{base}/pending", params={"queue": qname, "group": "workers"}) as r:
+                text = await r.text()
+                assert text.count("<td>w1</td>") == 3
+            assert await act("claim_stale", queue=qname, group="workers", consumer="rescuer", min_idle="0") == \
+                "3 entries idle for 0 s or more now pending for rescuer"
+            async with http.get(f"{base}/pending", params={"queue": qname, "group": "workers"}) as r:
+                assert (await r.text()).count("<td>rescuer</td>") == 3
+            assert await act("reset_group", queue=qname, group="workers", position="offset", offset="10") == \
+                f"group workers of {qname} now at offset 10"
+            rows = {g["grp"]: g for g in await mgr.group_status(qname)}
+            assert rows["workers"]["cursor"] == 10 and rows["workers"]["pending"] == 3   # below 10: kept
+            assert await act("reset_group", queue=qname, group="workers", position="first") == \
+                f"group workers of {qname} now at offset 0"
+            assert (await mgr.group_status(qname))[0]["pending"] == 0       # at or past the cursor: dropped
+            assert await act("reset_group", queue=qname, group="workers", position="last") == \
+                f"group workers of {qname} now at offset 20"
+            assert await act("reset_group", queue=qname, group="workers", position="time",
+                             time="2000-01-01T00:00:00") == f"group workers of {qname} now at offset 0"
+            assert (await act("reset_group", queue=qname, group="workers", position="offset", offset="abc")) == \
+                "ERROR: offset must be a whole number, got 'abc'"
+            assert (await act("publish", topic="no/such/#")).startswith("ERROR: ")
+            assert await act("delete_group", queue=qname, group="workers") == f"deleted group workers of {qname}"
+            assert await mgr.group_status(qname) == []
+            assert await act("delete_group", queue=qname, group="workers") == \
+                f"ERROR: queue '{qname}' has no group 'workers'"
+            async with http.get(f"{base}/queue", params={"name": qname, "from": "x"}) as r:
+                assert r.status == 200 and "from must be a whole number" in r.url.query.get("err", "")
+            async with http.post(f"{base}/action/nope", data={"_csrf": token}) as r:
+                assert r.status == 404
+    finally:
+        await server.close()
+
+
+async def test_redrive_all_from_the_console_moves_every_batch(dsn, qname):
+    from fluxpg.console import views
+
+    config = Config.model_validate({"queues": [{"name": qname}]})
+    server = await Server.start(dsn, config, addresses=dict(ADDRESSES), migrate=False, retention=False)
+    old_batch = views.REDRIVE_BATCH
+    views.REDRIVE_BATCH = 7                 # several transactions for 30 dead letters
+    try:
+        mgr = server.manager
+        for i in range(30):
+            await mgr.publish(f"$queue/{qname}/o", f"m{i}".encode())
+        conn = await db.connect(dsn)
+        try:
+            seqs = [r["seq"] for r in await conn.fetch("SELECT seq FROM fluxpg.claim($1, 'g', 'c', 30)", qname)]
+            assert await conn.fetchval("SELECT fluxpg.reject($1, 'g', $2::bigint[], 'bad')", qname, seqs) == 30
+        finally:
+            await conn.close()
+        base = f"http://127.0.0.1:{server.port('http')}"
+        async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:   # cookies of 127.0.0.1
+            async with http.get(f"{base}/queue", params={"name": f"$dlq/{qname}", "limit": "10"}) as r:
+                page = await r.text()
+                assert page.count('class="message"') == 10 and 'id="next-page"' in page   # paged
+            token = CSRF.search(page).group(1)
+            async with http.post(f"{base}/action/redrive", data={"_csrf": token, "queue": f"$dlq/{qname}",
+                                                                 "all": "1", "back": "/"}) as r:
+                assert r.url.query.get("msg") == f"moved 30 messages from $dlq/{qname} back to {qname}"
+            async with http.get(f"{base}/queue", params={"name": f"$dlq/{qname}"}) as r:
+                assert 'class="message"' not in await r.text()
+        stats = {s["queue"]: s for s in await mgr.queue_stats()}
+        assert stats[qname]["head"] == 60
+    finally:
+        views.REDRIVE_BATCH = old_batch
+        await server.close()
+
+
+async def test_http_basic_auth_and_console_log_in_over_tls(dsn, qname, certs):
+    """The HTTP listener under TLS: Basic credentials travel encrypted, the console's session
+    cookie is Secure; the protocol sniffing still works inside TLS."""
+    import ssl
+
+    from fluxpg.config import TlsConfig
+
+    config = auth_config(qname)
+    config.tls = TlsConfig(cert_file=str(certs / "server.pem"), key_file=str(certs / "server.key"),
+                           listeners=["http"])
+    server = await Server.start(dsn, config, addresses=dict(ADDRESSES), migrate=False, retention=False)
+    try:
+        tls = ssl.create_default_context(cafile=str(certs / "ca.pem"))
+        base = f"https://127.0.0.1:{server.port('http')}"
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tls)) as http:
+            async with http.get(f"{base}/api/queues") as r:
+                assert r.status == 401
+            async with http.get(f"{base}/api/queues", headers=basic("viewer", "viewer-secret")) as r:
+                assert r.status == 200 and qname in {q["queue"] for q in await r.json()}
+            async with http.post(f"{base}/login", data={"username": "admin", "password": "admin-secret", "next": "/"},
+                                 allow_redirects=False) as r:
+                assert r.status == 303
+                cookie = r.headers["Set-Cookie"]
+                assert "fluxpg_session=" in cookie and "Secure" in cookie and "HttpOnly" in cookie
+                assert "SameSite=Strict" in cookie
+        # The plain-HTTP listener is TLS-only now: a cleartext request gets no answer.
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port("http"))
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        await writer.drain()
+        data = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+        assert b"200 OK" not in data
+    finally:
+        await server.close()

@@ -220,14 +220,15 @@ def _amqp10_constructor(data, pos: int, end: int, depth: int, budget: _Budget) -
     _need(data, pos, 1, end)
     code = data[pos]
     pos += 1
-    if code == 0x00:
-        budget.depth(depth + 1)
-        pos = _amqp10_value(data, pos, end, depth + 1, budget)   # the descriptor
+    # A described value may itself be described (an amqp-value section holding a transaction
+    # declare is 0x00 <section> 0x00 <declare> <list>): each level counts toward the depth bound.
+    while code == 0x00:
+        depth += 1
+        budget.depth(depth)
+        pos = _amqp10_value(data, pos, end, depth, budget)   # the descriptor
         _need(data, pos, 1, end)
         code = data[pos]
         pos += 1
-        if code == 0x00:
-            raise DecodeLimitError("a descriptor of a descriptor")
     return code, pos
 
 

@@ -13,13 +13,18 @@ import pytest
 from proton import Data, Described, Delivery, Message, Timeout, symbol, ulong
 from proton._message import pn_message_get_content_type
 from proton.handlers import MessagingHandler, TransactionHandler
-from proton.reactor import Container
+from proton.reactor import Container, LinkOption
 
 from fluxpg.config import QueueConfig
 
 from tests.protocols.test_amqp10_broker import Props, connect, pump, url
 
 pytestmark = pytest.mark.timeout(90)
+
+
+class DynamicTarget(LinkOption):
+    def apply(self, link):
+        link.target.dynamic = True
 
 LOG_ROWS = """SELECT l.seq, l.payload, l.headers FROM fluxpg.log l JOIN fluxpg.queues q ON q.id = l.queue_id
               WHERE q.name = $1 ORDER BY l.seq"""
@@ -411,8 +416,12 @@ def test_transactional_posts_take_effect_at_commit_only(threaded_broker, qname):
             getattr(tx, end)()
         return step
 
+    def hang_up(client, tx):
+        tx.send(client.sender, Message(body="never discharged"))
+        client.conn.close()    # a transaction open when its connection ends does nothing
+
     client = _TxClient(url(srv), qname, [send(["a1", "a2", "a3"], "abort"), send(["c1", "c2"], "commit"),
-                                         send(["a4"], "abort")])
+                                         send(["a4"], "abort"), hang_up])
     client.before_discharge = []
     run_client(client)
     assert client.ended == ["aborted", "committed", "aborted"]

@@ -49,6 +49,7 @@ from proton import Condition, Data, Described, Event, Link, Message, Terminus, s
 from proton import Delivery as PnDelivery
 
 from fluxpg import connections
+from fluxpg.bounds import connection_inbound
 from fluxpg.auth import AuthError, OpenAuthenticator, Principal, authorize, subscription
 from fluxpg.config import LimitsConfig
 from fluxpg.protocols import prescan
@@ -95,6 +96,7 @@ ERROR_CONDITIONS = {
     "invalid": "amqp:invalid-field",
     "wrong-kind": "amqp:not-allowed",
     "unavailable": "amqp:internal-error",
+    "limit": "amqp:resource-limit-exceeded",
 }
 
 TOPIC_FILTER_KEYS = {"topic", "topic-filter", "x-topic-filter", "subject-filter"}
@@ -199,10 +201,10 @@ class AmqpConnection:
         self._closed = False
         self._tasks: set[asyncio.Task] = set()
         # Bytes of messages received but not yet published (unfinished deliveries, and finished
-        # ones until their publish commits): bounded by bounds.connection_inbound_bytes.
+        # ones until their publish commits): bounds.connection_inbound_bytes, and the broker-wide
+        # bounds.broker_inbound_bytes.
         bounds = getattr(getattr(ctx, "config", None), "bounds", None)
-        self.inbound = 0
-        self.inbound_limit = int(getattr(bounds, "connection_inbound_bytes", 64 * 2 ** 20) or 0)
+        self.inbound = connection_inbound(ctx)
         self.decoder_limits = prescan.Limits.from_config(getattr(ctx, "config", None))
         # Whole, pre-scanned frames to proton; a started frame must complete within frame_timeout.
         self.gate = FrameGate(self.decoder_limits, MAX_FRAME_SIZE)
@@ -409,6 +411,8 @@ class AmqpConnection:
         for publisher in list(self.publishers.values()):
             await self._delete_dynamic(publisher.dynamic)
         self.publishers.clear()
+        # unfinished deliveries die with the connection: give their bytes back to the broker's count
+        self.inbound.close()
         if self._ack_task is not None:
             # Apply the acknowledgements received before the connection ended: let the ack task
             # finish what it holds (cancelling it mid-query would lose that batch).
@@ -787,6 +791,8 @@ class AmqpConnection:
         elif state == PnDelivery.MODIFIED:
             if dlv.remote.undeliverable:
                 self._queue_ack("reject", delivery, "modified: undeliverable-here")
+            elif dlv.remote.failed:
+                self._queue_ack("nack", delivery)      # a failed attempt: the retry policy applies
             else:
                 self._queue_ack("nack", delivery)
         dlv.settle()
@@ -795,7 +801,8 @@ class AmqpConnection:
         key = (verb, delivery.queue, delivery.group, delivery.partition, reason)
         self._acks[key].append(delivery.seq)
         self._ack_event.set()
-        if self._ack_task is None:
+        if self._ack_task is None or self._ack_task.done():
+            # (a finished task: the connection is closing and links released their deliveries)
             self._ack_task = asyncio.ensure_future(self._ack_loop())
 
     async def _ack_loop(self) -> None:
@@ -838,7 +845,7 @@ class AmqpConnection:
         return (max(sizes) if topic is None else min(sizes)) + ENVELOPE_ALLOWANCE
 
     def _release_inbound(self, n: int) -> None:
-        self.inbound = max(0, self.inbound - n)
+        self.inbound.release(n)
 
     def _on_transfer(self, publisher: _Publisher, dlv: PnDelivery) -> None:
         link = publisher.link
@@ -867,14 +874,10 @@ class AmqpConnection:
                     "amqp:link:message-size-exceeded",
                     f"message of more than {size} bytes exceeds the queue's max_message_size "
                     f"({publisher.limit - ENVELOPE_ALLOWANCE} bytes of payload)")
-            elif self.inbound_limit and self.inbound + len(chunk) > self.inbound_limit:
-                publisher.refused = Refused(
-                    "amqp:resource-limit-exceeded",
-                    f"this connection's unconfirmed messages exceed bounds.connection_inbound_bytes "
-                    f"({self.inbound_limit} bytes)")
+            elif (reason := self.inbound.reserve(len(chunk))) is not None:
+                publisher.refused = Refused("amqp:resource-limit-exceeded", reason)
             else:
                 publisher.buffer += chunk
-                self.inbound += len(chunk)
                 continue
             self._release_inbound(len(publisher.buffer))
             publisher.buffer = None
@@ -1107,7 +1110,7 @@ class AmqpConnection:
         link = publisher.link
         if publisher.closed or link.state & link.LOCAL_CLOSED:
             return
-        if self.inbound_limit and self.inbound > self.inbound_limit // 2 and publisher.in_flight:
+        if self.inbound.limit and self.inbound.used > self.inbound.limit // 2 and publisher.in_flight:
             return  # much unconfirmed data held: more credit when publishes complete
         room = PUBLISH_WINDOW - publisher.in_flight - link.credit
         if room >= PUBLISH_WINDOW // 2 or (link.credit == 0 and room > 0):

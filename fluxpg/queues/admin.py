@@ -100,7 +100,7 @@ class Admin:
             if name in self.manager.queues:
                 continue
             out.append({"queue": name, "kind": "transient", "depth": len(getattr(queue, "buffer", ()) or ()),
-                        "consumers": len(getattr(queue, "subscribers", ()) or ())})
+                        "consumers": len(getattr(queue, "consumers", ()) or ())})
         return out
 
     # --- browsing ---------------------------------------------------------------------------

@@ -414,6 +414,11 @@ async def test_group_actions_pending_page_warnings_and_errors(dsn, qname, manage
             assert await mgr.group_status(qname) == []
             assert await act("delete_group", queue=qname, group="workers") == \
                 f"ERROR: queue '{qname}' has no group 'workers'"
+            # Browse by time: the first message published at or after it (binary search).
+            async with http.get(f"{base}/queue", params={"name": qname, "at": "2000-01-01T00:00:00"}) as r:
+                assert re.findall(r'data-offset="(\d+)"', await r.text())[:3] == ["0", "1", "2"]
+            async with http.get(f"{base}/queue", params={"name": qname, "at": "2999-01-01T00:00:00"}) as r:
+                assert 'id="no-messages"' in await r.text()
             async with http.get(f"{base}/queue", params={"name": qname, "from": "x"}) as r:
                 assert r.status == 200 and "from must be a whole number" in r.url.query.get("err", "")
             async with http.post(f"{base}/action/nope", data={"_csrf": token}) as r:
@@ -489,5 +494,21 @@ async def test_http_basic_auth_and_console_log_in_over_tls(dsn, qname, certs):
         data = await asyncio.wait_for(reader.read(), 10)
         writer.close()
         assert b"200 OK" not in data
+    finally:
+        await server.close()
+
+
+async def test_queues_page_lists_kinds(dsn, qname):
+    """Classic and stream queues with their kind, partitions and a link to their page."""
+    config = Config.model_validate({"queues": [{"name": qname},
+                                               {"name": f"{qname}_s", "type": "stream", "partitions": 3}]})
+    server = await Server.start(dsn, config, addresses=dict(ADDRESSES), migrate=False, retention=False)
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"http://127.0.0.1:{server.port('http')}/queues") as r:
+                page = await r.text()
+        rows = {m[0]: m[1:] for m in re.findall(
+            r'<tr><td><a href="/queue\?name=[^"]+">([^<]+)</a></td><td>([a-z]+)</td><td>(\d+)</td>', page)}
+        assert rows[qname] == ("classic", "1") and rows[f"{qname}_s"] == ("stream", "3")
     finally:
         await server.close()

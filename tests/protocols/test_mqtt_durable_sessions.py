@@ -196,3 +196,32 @@ def test_session_survives_kill_9(dsn, version):
         again.close()
     finally:
         broker.stop()
+
+
+@pytest.mark.slow
+def test_will_of_a_connection_lost_with_a_killed_broker_is_published_after_restart(dsn):
+    """The device's connection died with the broker (kill -9): the node that adopts its session
+    publishes its will; a persistent watcher gets it when it reconnects."""
+    port = _free_port()
+    broker = BrokerProcess(dsn, port)
+    broker.start()
+    try:
+        topic = f"wills/{uid()}"
+        watcher_id = uid("watch")
+        watcher = persistent(V5, watcher_id, port)
+        watcher.subscribe(topic, qos=1)
+        watcher.close()
+        device = persistent(V5, uid("device"), port,
+                            will={"topic": topic, "payload": b"device lost", "qos": 1, "retain": False})
+        device.publish(f"{topic}/alive", b"x", qos=1)
+        broker.kill9()
+        device.c.loop_stop()
+        broker.start()
+        again = persistent(V5, watcher_id, port)
+        assert again.connack_flags.session_present
+        m = again.get()
+        assert (m.topic, m.payload) == (topic, b"device lost")
+        again.nothing(0.5)
+        again.close()
+    finally:
+        broker.stop()

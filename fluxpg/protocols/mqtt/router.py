@@ -399,6 +399,7 @@ class Router:
         except Exception as exc:  # noqa: BLE001 - housekeeping retries
             log.warning("adopting MQTT sessions failed: %s", exc)
             return
+        wills: list[tuple[Message, int]] = []
         for client_id in adopted:
             if client_id in self.sessions:
                 continue
@@ -412,13 +413,18 @@ class Router:
                 self.store.submit("session_disconnected", client_id, sess.expiry_interval)
                 will = stored_will(client_id, row)
                 if will is not None:
-                    msg, delay = will
-                    asyncio.get_running_loop().call_later(min(delay, sess.expiry_interval), self._publish_will, msg)
+                    wills.append((will[0], min(will[1], sess.expiry_interval)))
             remaining = sess.expiry_interval - (row["offline_for"] or 0)
             if sess.expiry_interval < 0xFFFFFFFF:
                 sess._expiry_timer = asyncio.get_running_loop().call_later(max(0.0, remaining), sess.end)
             log.info("MQTT: adopted the session of %s (%d messages)", client_id,
                      len(sess.inflight) + len(sess.outbox))
+        # Wills only once every adopted session is back, so persistent subscribers get them too.
+        for msg, delay in wills:
+            if delay <= 0:
+                self._publish_will(msg)
+            else:
+                asyncio.get_running_loop().call_later(delay, self._publish_will, msg)
 
     def _publish_will(self, msg: Message) -> None:
         if self.closing:

@@ -56,3 +56,25 @@ def test_publish_between_subscribe_and_suback_is_delivered(threaded_broker, qnam
         sub.close()
     finally:
         manager.subscribe = real_subscribe
+
+
+@pytest.mark.parametrize("version", [V5, V311])
+def test_dollar_topics_publishable_but_hidden_from_wildcards(threaded_broker, version):
+    """As in Mosquitto (and Paho's test_dollar_topics): a `$` topic may be published to; `#` and
+    `+/…` subscriptions do not see it (§4.7.2), an exact subscription does; `$SYS/` is refused."""
+    server = threaded_broker()
+    port = server.port("mqtt")
+    wild = Paho(port, version=version)
+    wild.subscribe("#", qos=1)
+    wild.subscribe("+/+", qos=1)
+    exact = Paho(port, version=version)
+    name = f"$app/{uid()}"
+    exact.subscribe(name, qos=1)
+    pub = Paho(port, version=version)
+    pub.publish(name, b"dollar", qos=1)
+    assert exact.get().payload == b"dollar"
+    wild.nothing(0.5)
+    if version == V5:
+        assert int(pub.publish("$SYS/x", b"no", qos=1).value) == 0x90
+    for c in (wild, exact, pub):
+        c.close()

@@ -65,6 +65,7 @@ log = logging.getLogger("fluxpg.mqtt")
 
 RC = ReasonCode
 SESSION_NEVER_EXPIRES = 0xFFFFFFFF
+_RESERVED_PREFIXES = ("$SYS/", "$share/", "$dlq/")   # `$queue/` is handled before
 _FORWARDED = ("content_type", "response_topic", "correlation_data", "payload_format_indicator")
 
 
@@ -1029,8 +1030,10 @@ class Connection:
             if verb is not None:
                 return self._on_queue_ack(p, topic, *verb)
             return self._on_queue_publish(p, topic)
-        if topic.startswith("$"):
-            return self._refuse(p, RC.TOPIC_NAME_INVALID, f"topic {topic!r} is reserved ($-topics)")
+        if topic.startswith(_RESERVED_PREFIXES):
+            # Other `$` topics are ordinary topics to publish to, as in Mosquitto; the `$` rule
+            # (§4.7.2) keeps them away from `#` / `+` subscriptions.
+            return self._refuse(p, RC.TOPIC_NAME_INVALID, f"topic {topic!r} is reserved for the broker")
         if not self._allowed("publish", topic):
             return self._refuse(p, RC.NOT_AUTHORIZED, f"not allowed to publish to {topic!r}")
         props = p.properties

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProps
 
@@ -133,3 +135,40 @@ def test_queue_deliveries_to_a_stalled_subscriber_wait_in_the_queue(threaded_bro
     assert len(seen) == n + 1
     other.close()
     pub.close()
+
+
+@pytest.mark.slow
+def test_broker_memory_stays_bounded_with_a_stalled_qos1_subscriber(dsn):
+    """A broker process (default bounds) and a paho QoS 1 subscriber that stops reading while
+    20,000 × 4 KiB messages (80 MiB) are published: the broker's resident memory grows by far less
+    than that (the session bound, 1,000 messages / 16 MiB, then 0x97), and /metrics counts the
+    disconnect."""
+    import urllib.request
+
+    from test_mqtt_durable_sessions import BrokerProcess, _free_port
+
+    port, http = _free_port(), _free_port()
+    broker = BrokerProcess(dsn, port, http_port=http)
+    broker.start()
+    try:
+        rss = lambda: int(next(l for l in open(f"/proc/{broker.proc.pid}/status") if l.startswith("VmRSS")).split()[1]) * 1024  # noqa: E731
+        topic = f"mem/{uid()}"
+        sub = Paho(port)
+        sub.subscribe(topic, qos=1)
+        sub.c.loop_stop()
+        pub = Paho(port)
+        pub.publish(topic + "/warmup", KIB, qos=1)
+        before = rss()
+        big = b"y" * 4096
+        for i in range(20_000):
+            pub.publish(topic, big, qos=1, wait=(i % 1000 == 999))
+        pub.publish(topic + "/sync", b"", qos=1)
+        grown = rss() - before
+        with urllib.request.urlopen(f"http://127.0.0.1:{http}/metrics", timeout=10) as r:
+            metrics = r.read().decode()
+        assert "fluxpg_mqtt_slow_subscriber_disconnects_total 1" in metrics
+        print(f"broker RSS {before / 2**20:.0f} MiB -> +{grown / 2**20:.1f} MiB")
+        assert grown < 48 * 2 ** 20, f"broker RSS grew by {grown / 2**20:.0f} MiB for 80 MiB published"
+        pub.close()
+    finally:
+        broker.stop()

@@ -127,15 +127,16 @@ def _free_port() -> int:
 
 
 class BrokerProcess:
-    def __init__(self, dsn: str, port: int):
-        self.dsn, self.port = dsn, port
+    def __init__(self, dsn: str, port: int, http_port: int | None = None):
+        self.dsn, self.port, self.http_port = dsn, port, http_port
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
         env = {**os.environ, "FLUXPG_DSN": self.dsn}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "fluxpg.cli", "serve", "--mqtt", f"127.0.0.1:{self.port}",
-             "--amqp", "off", "--amqp091", "off", "--http", "off"],
+             "--amqp", "off", "--amqp091", "off",
+             "--http", f"127.0.0.1:{self.http_port}" if self.http_port else "off"],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:

@@ -142,8 +142,8 @@ class Consumer:
         # Only now does the application have it: stream auto-commit stops here, not at the
         # prefetched messages still in the inbox (they are read again by the next consumer).
         self._subscription.handed(item)
-        if self._subscription.kind in ("stream", "ephemeral"):
-            # Nothing to settle for flow control: streams checkpoint, ephemeral is fire-and-forget.
+        if self._subscription.kind == "stream":
+            # Nothing to settle for flow control: streams checkpoint.
             self._subscription.grant(1)
         return Message(item, self)
 

@@ -278,6 +278,15 @@ class QueueManagerConfig(_Strict):
     claim_batch: int = Field(10, ge=1)
     delivery_batch: int = Field(100, ge=1)
     retention_interval: PositiveDuration = timedelta(minutes=5)
+    # What a `$queue/<name>/…` publish or subscription that no configured queue matches gets:
+    # durable (a classic queue <name> in PostgreSQL, created on first use), transient (a queue
+    # that lives until this node stops), or off (refused: the protocol's not-found answer).
+    auto_create: Literal["durable", "transient", "off"] = "durable"
+    # Payload bytes all transient queues together may hold (0 = unbounded); publishes beyond are
+    # refused (AMQP basic.nack, MQTT quota exceeded), never accepted and dropped.
+    transient_max_bytes: int = Field(256 * 2 ** 20, ge=0)
+    # Accepted so older configs load; in-memory ephemeral queues are gone (transient queues
+    # replace them and have no grace period). Reported as ignored at start-up.
     ephemeral_grace: Duration = timedelta(minutes=5)
     heartbeat_interval: PositiveDuration = timedelta(seconds=5)
     heartbeat_timeout: PositiveDuration = timedelta(seconds=30)
@@ -297,6 +306,9 @@ class LimitsConfig(_Strict):
     max_message_size: int = Field(10_485_760, ge=0)  # bytes; 0 = unlimited
     max_depth: int = Field(100_000, ge=0)  # messages; 0 = unlimited
     message_ttl: Duration = timedelta(hours=168)  # 0 = never expire
+    # At max_depth: reject-publish refuses new messages (publisher nack / error); drop-head
+    # drops the oldest undelivered ones to make room (RabbitMQ x-overflow).
+    overflow: Literal["reject-publish", "drop-head"] = "reject-publish"
 
 
 class RetryConfig(_Strict):
@@ -304,6 +316,10 @@ class RetryConfig(_Strict):
     initial_backoff: Duration = timedelta(seconds=5)
     max_backoff: Duration = timedelta(minutes=5)
     multiplier: float = Field(2.0, ge=1.0)
+    # An explicit nack (AMQP nack/reject requeue=true, MQTT $nack, AMQP 1.0 released) redelivers
+    # at once by default; true applies the backoff above to it. Requeues because a consumer went
+    # away (channel close, connection loss, cancel, recover) are always immediate.
+    nack_backoff: bool = False
 
     @model_validator(mode="after")
     def _backoff_bounds(self) -> RetryConfig:
@@ -319,6 +335,9 @@ class DlqConfig(_Strict):
     enabled: bool = True
     # The dead-letter queue's name; "" = `$dlq/<queue>`. A plain queue name or `$dlq/<name>`.
     topic: str = ""
+    # Dead-letter messages that expire before delivery too (AMQP x-dead-letter-exchange does);
+    # false: expired messages are skipped (FluxMQ).
+    expired: bool = False
 
     @field_validator("topic")
     @classmethod
@@ -672,18 +691,23 @@ class Config(_Strict):
         return queues
 
     def effective_queues(self) -> list[QueueConfig]:
-        """The configured queues, or FluxMQ's reserved `mqtt` queue on `$queue/#` when none are."""
-        if self.queues:
-            return list(self.queues)
-        return [QueueConfig(name="mqtt", topics=[f"{QUEUE_PREFIX}#"], reserved=True)]
+        """The configured queues. FluxMQ adds an implicit reserved `mqtt` queue on `$queue/#` when
+        none are configured; fluxpg does not: it would take every unmatched publish and so defeat
+        `queue_manager.auto_create` (a queue per name, durable by default). A config that lists
+        its own reserved catch-all keeps it."""
+        return list(self.queues)
 
     def warnings(self) -> list[str]:
         """Accepted but ineffective settings, for the log at start-up."""
-        return [
+        out = [
             f"queues[{i}].replication is ignored by fluxpg (PostgreSQL replication applies instead)"
             for i, queue in enumerate(self.queues)
             if queue.replication.enabled
         ]
+        if "ephemeral_grace" in self.queue_manager.model_fields_set:
+            out.append("queue_manager.ephemeral_grace is ignored: in-memory ephemeral queues were replaced by "
+                       "transient queues (see queue_manager.auto_create)")
+        return out
 
 
 # --------------------------------------------------------------------------- AMQP declare args
@@ -746,7 +770,15 @@ def settings_from_amqp_args(args: dict[str, Any] | None) -> dict[str, Any]:
         retention["max_length_bytes"] = _amqp_count("x-max-length-bytes", args["x-max-length-bytes"])
     if "x-message-ttl" in args:
         ms = _amqp_count("x-message-ttl", args["x-message-ttl"])
-        limits["message_ttl"] = format_duration(timedelta(milliseconds=ms))
+        # x-message-ttl 0 means "expire unless delivered at once" in RabbitMQ; fluxpg's 0 means
+        # never, so the shortest real TTL stands in for it.
+        limits["message_ttl"] = format_duration(timedelta(milliseconds=max(ms, 1)))
+    if "x-overflow" in args:
+        overflow = _amqp_text("x-overflow", args["x-overflow"]).strip().lower()
+        if overflow not in ("drop-head", "reject-publish"):
+            raise InvalidArgument(f"x-overflow: expected 'drop-head' or 'reject-publish', got {overflow!r} "
+                                  "(reject-publish-dlx is not supported)")
+        limits["overflow"] = overflow
     if retention:
         out["retention"] = retention
     if limits:

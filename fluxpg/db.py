@@ -232,13 +232,18 @@ async def _reset_connection(conn: asyncpg.Connection) -> None:
 
 
 async def create_pool(dsn: str, *, min_size: int = 2, max_size: int = 10,
-                      node_id: int | None = None) -> asyncpg.Pool:
+                      node_id: int | None = None, transient_max_bytes: int | None = None) -> asyncpg.Pool:
     async def init(conn):
         await _init_connection(conn)
 
     # The node id goes in the startup packet: asyncpg's pool runs RESET ALL when a connection is
     # released, which would drop a SET but restores startup settings.
-    settings = {"fluxpg.node_id": str(node_id)} if node_id is not None else None
+    # fluxpg.transient_max_bytes: the broker-wide bound of transient queues, read by the SQL
+    # append (fluxpg._transient_charge).
+    settings = {"fluxpg.node_id": str(node_id)} if node_id is not None else {}
+    if transient_max_bytes is not None:
+        settings["fluxpg.transient_max_bytes"] = str(transient_max_bytes)
+    settings = settings or None
     try:
         return await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size, init=init,
                                          command_timeout=60, max_inactive_connection_lifetime=300,

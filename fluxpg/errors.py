@@ -52,6 +52,10 @@ class PreconditionFailed(FluxError):
     consumers, with if-empty while it holds messages; a queue the config file defines)."""
 
     code = "precondition"
+class ResourceLocked(FluxError):
+    """The queue is exclusive to another connection (AMQP 0-9-1 405 RESOURCE_LOCKED)."""
+
+    code = "locked"
 
 
 class Unavailable(FluxError):
@@ -68,6 +72,7 @@ SQLSTATE_ERRORS: dict[str, type[FluxError]] = {
     "FP004": InvalidArgument,
     "FP005": InvalidArgument,   # unknown group
     "FP006": LimitExceeded,
+    "FP007": ResourceLocked,    # exclusive transient queue of another connection
     "FP008": PreconditionFailed,   # FP007 is the transient queues' "locked by another connection"
     "54000": PayloadTooLarge,  # program_limit_exceeded
     "22023": InvalidArgument,  # invalid_parameter_value

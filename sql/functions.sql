@@ -12,9 +12,11 @@ CREATE OR REPLACE FUNCTION fluxpg.default_settings(kind text DEFAULT 'classic') 
 LANGUAGE sql IMMUTABLE AS $$
   SELECT jsonb_build_object(
     'limits', jsonb_build_object('max_message_size', 10485760,
-                                 'max_depth', CASE WHEN kind = 'stream' THEN 0 ELSE 100000 END, 'message_ttl', '168h'),
-    'retry', jsonb_build_object('max_retries', 10, 'initial_backoff', '5s', 'max_backoff', '5m', 'multiplier', 2.0),
-    'dlq', jsonb_build_object('enabled', true, 'topic', ''),
+                                 'max_depth', CASE WHEN kind = 'stream' THEN 0 ELSE 100000 END, 'message_ttl', '168h',
+                                 'overflow', 'reject-publish'),
+    'retry', jsonb_build_object('max_retries', 10, 'initial_backoff', '5s', 'max_backoff', '5m', 'multiplier', 2.0,
+                                'nack_backoff', false),
+    'dlq', jsonb_build_object('enabled', true, 'topic', '', 'expired', false),
     'retention', jsonb_build_object('max_age', CASE WHEN kind = 'stream' THEN '168h' ELSE '0s' END,
                                     'max_length_bytes', 0, 'max_length_messages', 0),
     'delivery', jsonb_build_object('visibility_timeout', '30s', 'max_pending', 100000,
@@ -240,18 +242,13 @@ BEGIN
   UPDATE fluxpg.heads SET segment_end = seg_end WHERE queue_id = qid AND partition = part;
 END $$;
 
-CREATE OR REPLACE FUNCTION fluxpg.declare_queue(name text, kind text, topics text[] DEFAULT NULL,
-                                                settings jsonb DEFAULT '{}')
-RETURNS int LANGUAGE plpgsql AS $$
+-- A queue's name checked and its settings completed with the defaults and validated: what the
+-- hot path will cast fails here, at declaration, and not at the first publish. Shared by
+-- declare_queue and declare_transient, so both kinds of queue obey the same rules.
+CREATE OR REPLACE FUNCTION fluxpg._settings(qname text, qkind text, settings jsonb) RETURNS jsonb
+LANGUAGE plpgsql AS $$
 DECLARE
-  qname text := name;
-  qkind text := kind;
   s jsonb;
-  q fluxpg.queues;
-  parts int;
-  size bigint;
-  old_parts int;
-  t text;
 BEGIN
   IF fluxpg.queue_name_error(qname) IS NOT NULL THEN
     RAISE EXCEPTION USING ERRCODE = 'FP004',
@@ -264,7 +261,10 @@ BEGIN
     RAISE EXCEPTION USING ERRCODE = 'FP004', MESSAGE = 'settings must be a JSON object';
   END IF;
   s := fluxpg._merge(fluxpg.default_settings(qkind), coalesce(settings, '{}'));
-  -- Validate what the hot path will cast, so a bad value fails here and not at first publish.
+  IF s #>> '{limits,overflow}' NOT IN ('reject-publish', 'drop-head') THEN
+    RAISE EXCEPTION USING ERRCODE = 'FP004',
+      MESSAGE = format('limits.overflow must be reject-publish or drop-head, got %L', s #>> '{limits,overflow}');
+  END IF;
   PERFORM fluxpg._interval(s #>> '{limits,message_ttl}', 'limits.message_ttl'),
           fluxpg._interval(s #>> '{retry,initial_backoff}', 'retry.initial_backoff'),
           fluxpg._interval(s #>> '{retry,max_backoff}', 'retry.max_backoff'),
@@ -274,7 +274,8 @@ BEGIN
           (s #>> '{limits,max_message_size}')::bigint, (s #>> '{limits,max_depth}')::bigint,
           (s #>> '{retry,max_retries}')::int, (s #>> '{retry,multiplier}')::float8,
           (s #>> '{dlq,enabled}')::boolean, (s #>> '{delivery,max_pending}')::int,
-          (s #>> '{retention,max_length_bytes}')::bigint, (s #>> '{retention,max_length_messages}')::bigint;
+          (s #>> '{retention,max_length_bytes}')::bigint, (s #>> '{retention,max_length_messages}')::bigint,
+          (s #>> '{retry,nack_backoff}')::boolean, (s #>> '{dlq,expired}')::boolean;
   -- The same checks as fluxpg.config (RetryConfig, LimitsConfig, DlqConfig): one rule, two callers.
   IF (s #>> '{retry,multiplier}')::float8 < 1 THEN
     RAISE EXCEPTION USING ERRCODE = 'FP004',
@@ -302,6 +303,22 @@ BEGIN
         MESSAGE = format('dlq.topic of queue %L names the queue itself', qname);
     END IF;
   END IF;
+  RETURN s;
+END $$;
+
+CREATE OR REPLACE FUNCTION fluxpg.declare_queue(name text, kind text, topics text[] DEFAULT NULL,
+                                                settings jsonb DEFAULT '{}')
+RETURNS int LANGUAGE plpgsql AS $$
+DECLARE
+  qname text := name;
+  qkind text := kind;
+  s jsonb := fluxpg._settings(name, kind, settings);
+  q fluxpg.queues;
+  parts int;
+  size bigint;
+  old_parts int;
+  t text;
+BEGIN
   parts := (s ->> 'partitions')::int;
   size := (s ->> 'segment_size')::bigint;
   IF parts IS NULL OR parts < 1 OR parts > 1024 THEN
@@ -322,6 +339,10 @@ BEGIN
   -- Two nodes declaring the same new queue at start-up: the second waits for the first.
   PERFORM pg_advisory_xact_lock(hashtext('fluxpg.declare_queue'), hashtext(qname));
   SELECT * INTO q FROM fluxpg.queues WHERE queues.name = qname FOR UPDATE;
+  IF FOUND AND q.durability = 'transient' THEN
+    RAISE EXCEPTION USING ERRCODE = 'FP002',
+      MESSAGE = format('queue %L exists as a transient queue; it cannot be redeclared durable', qname);
+  END IF;
   IF FOUND THEN
     IF q.kind <> qkind THEN
       RAISE EXCEPTION USING ERRCODE = 'FP002',
@@ -353,6 +374,203 @@ BEGIN
   RETURN q.id;
 END $$;
 COMMENT ON FUNCTION fluxpg.declare_queue(text, text, text[], jsonb) IS 'Create a queue with its first segment, or update its topics and settings; returns its id';
+
+-- ---------------------------------------------------------------------------------------------
+-- Transient queues (migration 0005): classic queues whose messages live in the UNLOGGED default
+-- partition of the log (fluxpg.log_transient) and that go with their node. Every other function
+-- treats them as classic queues; the differences are spelled out where they occur (append:
+-- byte bound; ack / dead-letter: their rows are deleted at once).
+-- ---------------------------------------------------------------------------------------------
+
+-- Create a transient queue, or return the existing one. No DDL: one row in queues and one in
+-- heads (segment_end at the top of bigint, so _reserve never creates segments for it). `owner`
+-- makes it exclusive to one connection: a declare with another owner raises FP007.
+CREATE OR REPLACE FUNCTION fluxpg.declare_transient(name text, owner_node int, owner text DEFAULT NULL,
+                                                    auto_delete boolean DEFAULT false, settings jsonb DEFAULT '{}')
+RETURNS int LANGUAGE plpgsql AS $$
+DECLARE
+  qname text := name;
+  s jsonb := fluxpg._settings(name, 'classic', settings);
+  q fluxpg.queues;
+BEGIN
+  IF owner_node IS NULL THEN
+    RAISE EXCEPTION USING ERRCODE = 'FP004', MESSAGE = 'a transient queue needs an owner node';
+  END IF;
+  INSERT INTO fluxpg.queues AS nq (name, kind, topics, partitions, segment_size, settings, durability,
+                                   owner_node, owner, auto_delete)
+  VALUES (qname, 'classic', ARRAY['$queue/' || qname || '/#'], 1, (s ->> 'segment_size')::bigint, s, 'transient',
+          declare_transient.owner_node, declare_transient.owner, declare_transient.auto_delete)
+  ON CONFLICT ON CONSTRAINT queues_name_key DO NOTHING
+  RETURNING * INTO q;
+  IF FOUND THEN
+    INSERT INTO fluxpg.heads (queue_id, partition, segment_end) VALUES (q.id, 0, 9223372036854775807);
+    PERFORM pg_notify('fluxpg_queues', 't+' || q.id);
+    RETURN q.id;
+  END IF;
+  SELECT * INTO q FROM fluxpg.queues WHERE queues.name = qname;
+  IF q.durability <> 'transient' THEN
+    RAISE EXCEPTION USING ERRCODE = 'FP002',
+      MESSAGE = format('queue %L exists as a durable queue; it cannot be redeclared transient', qname);
+  END IF;
+  IF q.owner IS DISTINCT FROM declare_transient.owner AND (q.owner IS NOT NULL OR declare_transient.owner IS NOT NULL) THEN
+    RAISE EXCEPTION USING ERRCODE = 'FP007',
+      MESSAGE = format('cannot obtain exclusive access to locked queue %L: it is %s', qname,
+                       CASE WHEN q.owner IS NULL THEN 'not exclusive' ELSE 'exclusive to another connection' END);
+  END IF;
+  RETURN q.id;
+END $$;
+COMMENT ON FUNCTION fluxpg.declare_transient(text, int, text, boolean, jsonb) IS 'Create (or find) a transient queue owned by a node (and, when exclusive, a connection); no DDL; returns its id';
+
+-- Delete a transient queue and its messages; returns how many messages it held (NULL: no such
+-- transient queue). Durable queues are refused: they are dropped with their segments elsewhere.
+CREATE OR REPLACE FUNCTION fluxpg.delete_transient(name text) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+  q fluxpg.queues;
+  depth bigint;
+BEGIN
+  SELECT * INTO q FROM fluxpg.queues WHERE queues.name = delete_transient.name;
+  IF NOT FOUND THEN RETURN NULL; END IF;
+  IF q.durability <> 'transient' THEN
+    RAISE EXCEPTION USING ERRCODE = 'FP002', MESSAGE = format('queue %L is durable, not transient', name);
+  END IF;
+  SELECT qs.depth INTO depth FROM fluxpg.queue_stats qs WHERE qs.queue = q.name;
+  DELETE FROM fluxpg.queues WHERE id = q.id;   -- the trigger removes messages and pending entries
+  RETURN coalesce(depth, 0);
+END $$;
+COMMENT ON FUNCTION fluxpg.delete_transient(text) IS 'Delete a transient queue with its messages; returns how many were waiting';
+
+-- Messages of a transient queue below `floor` that no group has pending are gone for good
+-- (acknowledged by every group, or dropped by overflow): delete them and give their bytes back.
+-- Takes the head row lock (the byte counter), briefly.
+CREATE OR REPLACE FUNCTION fluxpg._transient_trim(q fluxpg.queues, part int, floor_seq bigint) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+  freed bigint;
+BEGIN
+  WITH d AS (
+    DELETE FROM fluxpg.log l
+     WHERE l.queue_id = q.id AND l.partition = part AND l.seq < floor_seq
+       AND NOT EXISTS (SELECT 1 FROM fluxpg.pending p JOIN fluxpg.groups g ON g.id = p.group_id
+                        WHERE g.queue_id = q.id AND p.partition = part AND p.seq = l.seq)
+    RETURNING octet_length(l.payload) AS b
+  )
+  SELECT sum(b) INTO freed FROM d;
+  IF freed IS NOT NULL THEN
+    UPDATE fluxpg.heads SET bytes = greatest(bytes - freed, 0) WHERE queue_id = q.id AND partition = part;
+  END IF;
+  RETURN coalesce(freed, 0);
+END $$;
+
+-- After group g settled (acked or dead-lettered) `seqs` of a transient queue: delete the messages
+-- no other group still needs (one group, the usual case: all of them). Measured against a sweep
+-- below the floor: deleting on ack keeps log_transient as small as the queues' backlog.
+CREATE OR REPLACE FUNCTION fluxpg._transient_forget(q fluxpg.queues, g fluxpg.groups, part int, seqs bigint[]) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+  freed bigint;
+BEGIN
+  IF seqs IS NULL OR cardinality(seqs) = 0 THEN RETURN; END IF;
+  WITH d AS (
+    DELETE FROM fluxpg.log l
+     WHERE l.queue_id = q.id AND l.partition = part
+       AND l.seq BETWEEN fluxpg._lo(seqs) AND fluxpg._hi(seqs) AND l.seq = ANY (seqs)
+       AND NOT EXISTS (SELECT 1 FROM fluxpg.groups g2 JOIN fluxpg.cursors c ON c.group_id = g2.id AND c.partition = part
+                        WHERE g2.queue_id = q.id AND g2.id <> g.id
+                          AND (c.cursor <= l.seq
+                               OR EXISTS (SELECT 1 FROM fluxpg.pending p
+                                           WHERE p.group_id = g2.id AND p.partition = part AND p.seq = l.seq)))
+    RETURNING octet_length(l.payload) AS b
+  )
+  SELECT sum(b) INTO freed FROM d;
+  IF freed IS NOT NULL THEN
+    UPDATE fluxpg.heads SET bytes = greatest(bytes - freed, 0) WHERE queue_id = q.id AND partition = part;
+  END IF;
+END $$;
+
+-- Charge `nbytes` of new messages to a transient queue (its head row is locked by _reserve) after
+-- checking the broker-wide bound, the pool setting fluxpg.transient_max_bytes (0 or unset: none).
+CREATE OR REPLACE FUNCTION fluxpg._transient_charge(q fluxpg.queues, part int, nbytes bigint) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+  lim bigint := coalesce(nullif(current_setting('fluxpg.transient_max_bytes', true), '')::bigint, 0);
+  used bigint;
+BEGIN
+  IF lim > 0 THEN
+    SELECT coalesce(sum(h.bytes), 0) INTO used FROM fluxpg.heads h WHERE h.bytes > 0;
+    IF used + nbytes > lim THEN
+      RAISE EXCEPTION USING ERRCODE = 'FP003',
+        MESSAGE = format('transient queues are full: they hold %s bytes, queue_manager.transient_max_bytes is %s; '
+                         'message(s) of %s bytes for %L refused', used, lim, nbytes, q.name);
+    END IF;
+  END IF;
+  UPDATE fluxpg.heads SET bytes = bytes + nbytes WHERE queue_id = q.id AND partition = part;
+END $$;
+
+-- Transient queues: remove what every group is done with and what expired undelivered (the ack
+-- path deletes most rows at once; this catches the rest, e.g. a second group acking later).
+-- Run by the retention loop. Returns how many messages it deleted.
+CREATE OR REPLACE FUNCTION fluxpg.sweep_transient() RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+  q fluxpg.queues;
+  floor_seq bigint;
+  k bigint := 0;
+  freed bigint;
+  n bigint;
+BEGIN
+  FOR q IN SELECT * FROM fluxpg.queues WHERE durability = 'transient' LOOP
+    SELECT min(coalesce((SELECT min(p.seq) FROM fluxpg.pending p WHERE p.group_id = c.group_id AND p.partition = 0),
+                        c.cursor))
+      INTO floor_seq
+      FROM fluxpg.cursors c JOIN fluxpg.groups g ON g.id = c.group_id
+     WHERE g.queue_id = q.id AND c.partition = 0;
+    IF floor_seq IS NOT NULL THEN
+      n := fluxpg._transient_trim(q, 0, floor_seq);
+    END IF;
+    WITH d AS (
+      DELETE FROM fluxpg.log l
+       WHERE l.queue_id = q.id AND l.expires_at <= now()
+         AND NOT EXISTS (SELECT 1 FROM fluxpg.pending p JOIN fluxpg.groups g ON g.id = p.group_id
+                          WHERE g.queue_id = q.id AND p.partition = l.partition AND p.seq = l.seq)
+      RETURNING octet_length(l.payload) AS b
+    )
+    SELECT sum(b), count(*) INTO freed, n FROM d;
+    IF freed IS NOT NULL THEN
+      UPDATE fluxpg.heads SET bytes = greatest(bytes - freed, 0) WHERE queue_id = q.id AND partition = 0;
+    END IF;
+    k := k + coalesce(n, 0);
+  END LOOP;
+  RETURN k;
+END $$;
+COMMENT ON FUNCTION fluxpg.sweep_transient() IS 'Delete transient queues'' messages that every group is done with or that expired undelivered';
+
+-- Messages the default group of a queue (named like the queue: what AMQP 0-9-1 consumers join)
+-- can still get: undelivered ones from its cursor (or, with no such group yet, everything
+-- retained), plus pending ones due again. Delivered, unacknowledged messages are not counted
+-- (RabbitMQ's message_count). Expired rows not yet passed over are counted.
+CREATE OR REPLACE FUNCTION fluxpg.ready_count(queue text) RETURNS bigint
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+  q fluxpg.queues := fluxpg._queue(queue);
+  g fluxpg.groups;
+  n bigint;
+BEGIN
+  SELECT * INTO g FROM fluxpg.groups WHERE queue_id = q.id AND name = q.name;
+  IF NOT FOUND THEN
+    SELECT sum(h.next_seq - h.first_seq) INTO n FROM fluxpg.heads h WHERE h.queue_id = q.id;
+    RETURN coalesce(n, 0);
+  END IF;
+  SELECT sum(greatest(h.next_seq - greatest(c.cursor, h.first_seq), 0)) INTO n
+    FROM fluxpg.cursors c JOIN fluxpg.heads h ON h.queue_id = q.id AND h.partition = c.partition
+   WHERE c.group_id = g.id;
+  IF q.kind = 'classic' THEN
+    n := coalesce(n, 0) + (SELECT count(*) FROM fluxpg.pending p WHERE p.group_id = g.id AND p.visible_at <= now());
+  END IF;
+  RETURN coalesce(n, 0);
+END $$;
+COMMENT ON FUNCTION fluxpg.ready_count(text) IS 'Messages the queue''s default group can still get (AMQP message_count): undelivered plus due redeliveries';
+
 
 -- Queue ids whose topic bindings match a topic, in id order (the order heads are locked in).
 -- Reserved queues (the catch-all `mqtt` queue on $queue/#) only take what no other queue does.
@@ -410,7 +628,21 @@ BEGIN
   IF NOT FOUND THEN
     RAISE EXCEPTION USING ERRCODE = 'FP001', MESSAGE = format('queue %L has no partition %s', q.name, part);
   END IF;
-  IF max_depth > 0 AND first + k - floor_seq > max_depth THEN
+  IF q.kind = 'classic' AND max_depth > 0 AND first + k - floor_seq > max_depth
+     AND q.settings #>> '{limits,overflow}' = 'drop-head' THEN
+    -- Overflow drop-head (RabbitMQ x-overflow): the oldest messages not yet delivered make room.
+    -- Groups' cursors and the retained floor move up to keep max_depth messages waiting;
+    -- delivered, unacknowledged ones stay pending (they are not waiting any more).
+    floor_seq := first + k - max_depth;
+    UPDATE fluxpg.cursors c SET cursor = floor_seq
+      FROM fluxpg.groups g
+     WHERE g.id = c.group_id AND g.queue_id = q.id AND c.partition = part AND c.cursor < floor_seq;
+    UPDATE fluxpg.heads SET first_seq = floor_seq
+     WHERE queue_id = q.id AND partition = part AND first_seq < floor_seq;
+    IF q.durability = 'transient' THEN
+      PERFORM fluxpg._transient_trim(q, part, floor_seq);
+    END IF;
+  ELSIF max_depth > 0 AND first + k - floor_seq > max_depth THEN
     -- Only now pay for the exact floor: the slowest group's progress (classic: its lowest pending
     -- offset, else its cursor; stream: its committed offset). Without groups every retained
     -- message is waiting.
@@ -435,6 +667,18 @@ BEGIN
   END IF;
   RETURN first;
 END $$;
+
+-- When a message expires: the queue's message_ttl, or sooner when the message carries its own
+-- (the per-message `x-amqp-expiration` in milliseconds, as AMQP 0-9-1 `expiration` is stored;
+-- front-ends refuse values that are not digits). NULL: never. A SQL function, so the planner
+-- inlines it into the append's INSERT.
+CREATE OR REPLACE FUNCTION fluxpg._expires_at(ttl interval, h jsonb) RETURNS timestamptz
+LANGUAGE sql STABLE AS $$
+  SELECT CASE WHEN h IS NOT NULL AND h ->> 'x-amqp-expiration' ~ '^[0-9]{1,15}$'
+              THEN least(CASE WHEN ttl > interval '0' THEN now() + ttl END,
+                         now() + ((h ->> 'x-amqp-expiration')::bigint * interval '1 millisecond'))
+              WHEN ttl > interval '0' THEN now() + ttl END
+$$;
 
 CREATE OR REPLACE FUNCTION fluxpg._too_large(qname text, size bigint, lim bigint) RETURNS bytea
 LANGUAGE plpgsql AS $$
@@ -484,12 +728,15 @@ BEGIN
       first := fluxpg._reserve(q, 0, n);
       ttl := fluxpg._interval(q.settings #>> '{limits,message_ttl}');
       lim := coalesce((q.settings #>> '{limits,max_message_size}')::bigint, 0);
+      IF q.durability = 'transient' THEN
+        PERFORM fluxpg._transient_charge(q, 0, (SELECT sum(octet_length(pl)) FROM unnest(payloads) pl));
+      END IF;
       -- The size limit is checked row by row inside the INSERT: a separate pass over the
       -- payload array would copy it again (measured: a third of the append's cost).
       INSERT INTO fluxpg.log (queue_id, partition, seq, topic, payload, headers, created_at, expires_at)
       SELECT q.id, 0, first + u.i - 1, u.t,
              CASE WHEN lim > 0 AND octet_length(u.pl) > lim THEN fluxpg._too_large(q.name, octet_length(u.pl), lim) ELSE u.pl END,
-             u.h, now(), CASE WHEN ttl > interval '0' THEN now() + ttl END
+             u.h, now(), fluxpg._expires_at(ttl, u.h)
         FROM unnest(topics, payloads, coalesce(headers, array_fill(NULL::jsonb, ARRAY[n])))
              WITH ORDINALITY AS u(t, pl, h, i);
       RETURN QUERY SELECT i, q.id, 0, first + i - 1 FROM generate_series(1, n) AS i;
@@ -521,6 +768,10 @@ BEGIN
     res_q := res_q || r.qid;
     res_p := res_p || r.p;
     res_first := res_first || fluxpg._reserve(q, r.p, r.k);
+    IF q.durability = 'transient' THEN
+      PERFORM fluxpg._transient_charge(q, r.p, (SELECT sum(octet_length(u.pl)) FROM unnest(queue_ids, parts, payloads) AS u(qid, p, pl)
+                                                 WHERE u.qid = r.qid AND u.p = r.p));
+    END IF;
     res_ttl := res_ttl || fluxpg._interval(q.settings #>> '{limits,message_ttl}');
     res_lim := res_lim || coalesce((q.settings #>> '{limits,max_message_size}')::bigint, 0);
     res_name := res_name || q.name;
@@ -540,8 +791,7 @@ BEGIN
     SELECT rows.qid, rows.p, rows.s, rows.t,
            CASE WHEN rows.lim > 0 AND octet_length(rows.pl) > rows.lim
                 THEN fluxpg._too_large(rows.name, octet_length(rows.pl), rows.lim) ELSE rows.pl END,
-           rows.h, now(),
-           CASE WHEN rows.ttl > interval '0' THEN now() + rows.ttl END
+           rows.h, now(), fluxpg._expires_at(rows.ttl, rows.h)
       FROM rows
   )
   SELECT rows.i, rows.qid, rows.p, rows.s FROM rows ORDER BY rows.i;
@@ -782,6 +1032,9 @@ BEGIN
   END IF;
   DELETE FROM fluxpg.pending WHERE group_id = g.id AND partition = part AND seq BETWEEN fluxpg._lo(seqs) AND fluxpg._hi(seqs) AND seq = ANY (seqs);
   GET DIAGNOSTICS k = ROW_COUNT;
+  IF q.durability = 'transient' THEN
+    PERFORM fluxpg._transient_forget(q, g, part, seqs);
+  END IF;
   RETURN k;
 END $$;
 
@@ -1030,6 +1283,7 @@ DECLARE
   w record;
   vt interval;
   skip_redriven boolean;
+  dead bigint[];
 BEGIN
   IF n IS NULL OR n < 1 THEN
     RAISE EXCEPTION USING ERRCODE = 'FP004', MESSAGE = format('claim: n must be at least 1, got %s', n);
@@ -1070,6 +1324,18 @@ BEGIN
   )
   SELECT q.name, g.name, 0, el.seq, el.topic, el.payload, el.headers, el.created_at, 1, q.name || ':' || el.seq
     FROM el ORDER BY el.seq;
+  IF coalesce((q.settings #>> '{dlq,expired}')::boolean, false) THEN
+    -- dlq.expired (AMQP x-dead-letter-exchange): what the scan passed over because it expired is
+    -- dead-lettered, not skipped silently (RabbitMQ: expired messages reaching the head).
+    SELECT array_agg(l.seq ORDER BY l.seq) INTO dead FROM fluxpg.log l
+     WHERE l.queue_id = q.id AND l.partition = 0 AND l.seq >= w.cur
+       AND l.seq < (SELECT c.cursor FROM fluxpg.cursors c WHERE c.group_id = g.id AND c.partition = 0)
+       AND l.expires_at <= now()
+       AND (g.filter_regex IS NULL OR fluxpg.routing_key(l.topic) ~ g.filter_regex);
+    IF dead IS NOT NULL THEN
+      PERFORM fluxpg._dead_letter(q, g, 0, dead, 'expired');
+    END IF;
+  END IF;
 END $$;
 COMMENT ON FUNCTION fluxpg.claim(text, text, text, int) IS 'Classic queues: up to n messages for a consumer, redeliveries first, then new ones from the group cursor';
 
@@ -1101,6 +1367,54 @@ BEGIN
   RETURN QUERY SELECT * FROM fluxpg._take_pending(q, g, consumer, n, 'idle', min_idle);
 END $$;
 COMMENT ON FUNCTION fluxpg.claim_stale(text, text, text, interval, int) IS 'XAUTOCLAIM: take over pending entries idle for at least min_idle';
+
+-- Queues with dlq.expired (AMQP x-dead-letter-exchange): messages that expired at the front of a
+-- group — nobody consumes, or the consumer is slow — are dead-lettered now rather than when a
+-- claim reaches them (aio-pika's RPC relies on an expired request being dead-lettered). Only the
+-- expired run at each group's cursor moves (claims handle what lies behind live messages). A
+-- queue without groups gets its default group (the queue's name, as AMQP consumers use) first.
+-- Cursor rows are taken SKIP LOCKED: nodes running this at once, or a claim, never collide.
+-- Returns how many messages were dead-lettered.
+CREATE OR REPLACE FUNCTION fluxpg.dead_letter_expired() RETURNS int
+LANGUAGE plpgsql AS $$
+DECLARE
+  q fluxpg.queues;
+  g fluxpg.groups;
+  c record;
+  head bigint;
+  boundary bigint;
+  dead bigint[];
+  k int := 0;
+BEGIN
+  FOR q IN SELECT * FROM fluxpg.queues
+            WHERE kind = 'classic' AND coalesce((settings #>> '{dlq,expired}')::boolean, false) LOOP
+    IF NOT EXISTS (SELECT 1 FROM fluxpg.groups WHERE queue_id = q.id) THEN
+      PERFORM fluxpg._group(q, q.name);
+    END IF;
+    SELECT h.next_seq INTO head FROM fluxpg.heads h WHERE h.queue_id = q.id AND h.partition = 0;
+    FOR c IN SELECT cu.group_id, cu.cursor FROM fluxpg.cursors cu JOIN fluxpg.groups gg ON gg.id = cu.group_id
+              WHERE gg.queue_id = q.id AND cu.partition = 0
+                FOR UPDATE OF cu SKIP LOCKED LOOP
+      SELECT l.seq INTO boundary FROM fluxpg.log l
+       WHERE l.queue_id = q.id AND l.partition = 0 AND l.seq >= c.cursor AND l.seq < head
+         AND (l.expires_at IS NULL OR l.expires_at > now())
+       ORDER BY l.seq LIMIT 1;
+      boundary := coalesce(boundary, head);
+      CONTINUE WHEN boundary <= c.cursor;
+      SELECT * INTO g FROM fluxpg.groups WHERE id = c.group_id;
+      SELECT array_agg(l.seq ORDER BY l.seq) INTO dead FROM fluxpg.log l
+       WHERE l.queue_id = q.id AND l.partition = 0 AND l.seq >= c.cursor AND l.seq < boundary
+         AND (g.filter_regex IS NULL OR fluxpg.routing_key(l.topic) ~ g.filter_regex);
+      UPDATE fluxpg.cursors SET cursor = boundary WHERE group_id = c.group_id AND partition = 0;
+      IF dead IS NOT NULL THEN
+        PERFORM fluxpg._dead_letter(q, g, 0, dead, 'expired');
+        k := k + cardinality(dead);
+      END IF;
+    END LOOP;
+  END LOOP;
+  RETURN k;
+END $$;
+COMMENT ON FUNCTION fluxpg.dead_letter_expired() IS 'Dead-letter messages expired at the front of groups of queues with dlq.expired; returns how many';
 
 -- Partition assignment of a partitioned stream group (OCI Streaming semantics), run by a member
 -- each time it reads or heart-beats: members silent for delivery.member_timeout leave; the live
@@ -1289,9 +1603,20 @@ RETURNS int LANGUAGE plpgsql AS $$
 DECLARE
   q fluxpg.queues := fluxpg._queue(queue);
   g fluxpg.groups := fluxpg._group(q, grp, false);
+  acked bigint[];
   k int;
 BEGIN
   IF seqs IS NULL OR cardinality(seqs) = 0 THEN RETURN 0; END IF;
+  IF q.kind = 'classic' AND q.durability = 'transient' THEN
+    -- Transient: the acknowledged messages leave log_transient now (see _transient_forget).
+    WITH d AS (
+      DELETE FROM fluxpg.pending WHERE group_id = g.id AND partition = part AND seq BETWEEN fluxpg._lo(seqs) AND fluxpg._hi(seqs) AND seq = ANY (seqs)
+      RETURNING seq
+    )
+    SELECT array_agg(d.seq) INTO acked FROM d;
+    PERFORM fluxpg._transient_forget(q, g, part, acked);
+    RETURN coalesce(cardinality(acked), 0);
+  END IF;
   IF q.kind = 'classic' THEN
     DELETE FROM fluxpg.pending WHERE group_id = g.id AND partition = part AND seq BETWEEN fluxpg._lo(seqs) AND fluxpg._hi(seqs) AND seq = ANY (seqs);
     GET DIAGNOSTICS k = ROW_COUNT;
@@ -1328,13 +1653,42 @@ BEGIN
   IF over IS NOT NULL THEN
     d := fluxpg._dead_letter(q, g, part, over, 'max-deliveries');
   END IF;
+  IF NOT coalesce((q.settings #>> '{retry,nack_backoff}')::boolean, false) THEN
+    RETURN fluxpg.release(queue, grp, seqs, part) + d;
+  END IF;
   UPDATE fluxpg.pending p
      SET visible_at = now() + least(initial * power(mult, greatest(p.delivery_count - 1, 0)), maximum)
    WHERE p.group_id = g.id AND p.partition = part AND p.seq BETWEEN fluxpg._lo(seqs) AND fluxpg._hi(seqs) AND p.seq = ANY (seqs);
   GET DIAGNOSTICS k = ROW_COUNT;
   RETURN k + d;
 END $$;
-COMMENT ON FUNCTION fluxpg.nack(text, text, bigint[], int) IS 'Classic: redeliver after the retry backoff (dead-letter when retries are used up). Stream: no-op';
+COMMENT ON FUNCTION fluxpg.nack(text, text, bigint[], int) IS 'Classic: redeliver now, or after the retry backoff when retry.nack_backoff is set (dead-letter when retries are used up). Stream: no-op';
+
+-- Give delivered, unacknowledged messages back to their group at once, keeping their delivery
+-- count (the next delivery is flagged redelivered): a consumer went away (channel closed,
+-- connection lost, cancelled, recover) or asked to requeue. visible_at = -infinity sorts them
+-- before anything a timeout or backoff made due, and among themselves by offset, so the group
+-- gets them again lowest offset first — the original order. No backoff, no retry counted here
+-- (the max_retries check happens at redelivery, in _take_pending). One NOTIFY wakes consumers.
+CREATE OR REPLACE FUNCTION fluxpg.release(queue text, grp text, seqs bigint[], part int DEFAULT 0)
+RETURNS int LANGUAGE plpgsql AS $$
+DECLARE
+  q fluxpg.queues := fluxpg._queue(queue);
+  g fluxpg.groups := fluxpg._group(q, grp, false);
+  k int;
+BEGIN
+  IF q.kind = 'stream' OR seqs IS NULL OR cardinality(seqs) = 0 THEN
+    RETURN 0;
+  END IF;
+  UPDATE fluxpg.pending p SET visible_at = '-infinity'
+   WHERE p.group_id = g.id AND p.partition = part AND p.seq BETWEEN fluxpg._lo(seqs) AND fluxpg._hi(seqs) AND p.seq = ANY (seqs);
+  GET DIAGNOSTICS k = ROW_COUNT;
+  IF k > 0 THEN
+    PERFORM pg_notify('fluxpg_log', q.id::text);
+  END IF;
+  RETURN k;
+END $$;
+COMMENT ON FUNCTION fluxpg.release(text, text, bigint[], int) IS 'Classic: make pending messages deliverable again now, in offset order, keeping their delivery count (requeue without backoff)';
 
 CREATE OR REPLACE FUNCTION fluxpg.reject(queue text, grp text, seqs bigint[], reason text DEFAULT NULL, part int DEFAULT 0)
 RETURNS int LANGUAGE plpgsql AS $$
@@ -1689,6 +2043,7 @@ BEGIN
       RAISE NOTICE 'fluxpg: segment % is busy; retention drops it next time', s.segment;
     END;
   END LOOP;
+  PERFORM fluxpg.sweep_transient();
   PERFORM fluxpg.expire_groups();
   RETURN k;
 END $$;
@@ -1744,6 +2099,10 @@ BEGIN
     UPDATE fluxpg.cursors c SET cursor = h.next_seq, committed = h.next_seq
       FROM fluxpg.groups g, fluxpg.heads h
      WHERE g.id = c.group_id AND g.queue_id = q.id AND g.name = q.name AND h.queue_id = q.id AND h.partition = c.partition;
+  END IF;
+  IF q.durability = 'transient' THEN
+    -- Its purged rows leave log_transient now (and give their bytes back to transient_max_bytes).
+    PERFORM fluxpg._transient_trim(q, 0, (SELECT h.next_seq FROM fluxpg.heads h WHERE h.queue_id = q.id AND h.partition = 0));
   END IF;
   RETURN n;
 END $$;

@@ -1,7 +1,33 @@
 -- Named queries the broker runs (loaded by fluxpg.db.queries()). Each starts with `-- name: x`.
 
 -- name: load_queues
-SELECT id, name, kind, topics, partitions, segment_size, settings FROM fluxpg.queues ORDER BY id;
+SELECT id, name, kind, topics, partitions, segment_size, settings, durability, owner, auto_delete, owner_node
+  FROM fluxpg.queues ORDER BY id;
+
+-- name: load_queue
+SELECT id, name, kind, topics, partitions, segment_size, settings, durability, owner, auto_delete, owner_node
+  FROM fluxpg.queues WHERE id = $1;
+
+-- name: declare_transient
+SELECT fluxpg.declare_transient($1, $2, $3, $4, $5::jsonb);
+
+-- name: delete_transient
+SELECT fluxpg.delete_transient($1);
+
+-- name: release
+SELECT fluxpg.release($1, $2, $3::bigint[], $4);
+
+-- name: dead_letter_expired
+SELECT fluxpg.dead_letter_expired();
+
+-- name: sweep_transient
+SELECT fluxpg.sweep_transient();
+
+-- name: ready_count
+SELECT fluxpg.ready_count($1);
+
+-- name: queue_depth
+SELECT depth, consumers FROM fluxpg.queue_stats WHERE queue = $1;
 
 -- name: declare_queue
 SELECT fluxpg.declare_queue($1, $2, $3::text[], $4::jsonb);
@@ -94,7 +120,7 @@ SELECT parent.oid::regclass::text AS parent, c.oid::regclass::text AS segment
 SELECT fluxpg._forget_segment($1, $2);
 
 -- name: queue_stats
-SELECT queue, kind, partitions, head, depth, bytes, segments, oldest_at, topics, groups
+SELECT queue, kind, partitions, head, depth, bytes, segments, oldest_at, topics, groups, consumers
   FROM fluxpg.queue_stats;
 
 -- name: group_status
@@ -130,7 +156,8 @@ SELECT queue, grp, mode, partition, cursor, committed, lag, pending, oldest_pend
   FROM fluxpg.group_status;
 
 -- name: queue_rows
-SELECT q.name, q.kind, q.partitions, q.settings, q.created_at,
+SELECT q.name, CASE WHEN q.durability = 'transient' THEN 'transient' ELSE q.kind END AS kind,
+       q.partitions, q.settings, q.created_at,
        (SELECT count(*) FROM fluxpg.members m JOIN fluxpg.groups g ON g.id = m.group_id
          WHERE g.queue_id = q.id)::int AS consumers
   FROM fluxpg.queues q ORDER BY q.name;

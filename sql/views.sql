@@ -36,14 +36,19 @@ SELECT g.id AS group_id, g.queue_id, g.name, g.mode, c.partition, c.cursor,
             ELSE c.committed END AS committed
   FROM fluxpg.groups g JOIN fluxpg.cursors c ON c.group_id = g.id;
 
+-- kind: classic, stream or transient (a classic queue whose messages live in the unlogged
+-- fluxpg.log_transient and that goes with its node); bytes of a transient queue: the payload
+-- bytes it holds (heads.bytes; it has no segments).
 CREATE OR REPLACE VIEW fluxpg.queue_stats AS
-SELECT q.name AS queue, q.kind, q.partitions,
+SELECT q.name AS queue, CASE WHEN q.durability = 'transient' THEN 'transient' ELSE q.kind END AS kind, q.partitions,
        sum(h.next_seq)::bigint AS head,
        sum(h.next_seq - CASE WHEN q.kind = 'classic'
                              THEN greatest(h.first_seq, coalesce((SELECT min(gp.committed) FROM fluxpg._group_progress gp
                                                                    WHERE gp.queue_id = q.id AND gp.partition = h.partition), h.first_seq))
                              ELSE h.first_seq END)::bigint AS depth,
-       (SELECT coalesce(sum(pg_total_relation_size(sl.segment)), 0) FROM fluxpg._segment_list sl WHERE sl.queue_id = q.id)::bigint AS bytes,
+       CASE WHEN q.durability = 'transient' THEN sum(h.bytes)
+            ELSE (SELECT coalesce(sum(pg_total_relation_size(sl.segment)), 0) FROM fluxpg._segment_list sl WHERE sl.queue_id = q.id)
+       END::bigint AS bytes,
        (SELECT count(*) FROM fluxpg._segment_list sl WHERE sl.queue_id = q.id)::int AS segments,
        (SELECT min(o.created_at) FROM fluxpg.heads h2
           CROSS JOIN LATERAL (SELECT l.created_at FROM fluxpg.log l
@@ -53,11 +58,15 @@ SELECT q.name AS queue, q.kind, q.partitions,
        q.topics, (SELECT count(*) FROM fluxpg.groups g WHERE g.queue_id = q.id)::int AS groups,
        (SELECT st.outbox FROM fluxpg._staging(q.id) st) AS outbox,
        (SELECT st.staging_transactions FROM fluxpg._staging(q.id) st) AS staging_transactions,
-       (SELECT st.oldest_staging_age FROM fluxpg._staging(q.id) st) AS oldest_staging_age
+       (SELECT st.oldest_staging_age FROM fluxpg._staging(q.id) st) AS oldest_staging_age,
+       -- consumers: members seen in the last minute (a waiting consumer polls every second;
+       -- a member row outlives its consumer until its node goes, to release its entries then).
+       (SELECT count(*) FROM fluxpg.members m JOIN fluxpg.groups g ON g.id = m.group_id
+         WHERE g.queue_id = q.id AND m.last_seen_at > now() - interval '1 minute')::int AS consumers
   FROM fluxpg.queues q JOIN fluxpg.heads h ON h.queue_id = q.id
  GROUP BY q.id
  ORDER BY q.name;
-COMMENT ON VIEW fluxpg.queue_stats IS 'Per queue: head (messages ever appended), depth (classic: waiting for the slowest group; stream: retained), bytes, segments, oldest retained message time; outbox: messages of committed fluxpg.publish transactions waiting for the sequencer; staging_transactions / oldest_staging_age: open transactions that published to it and have not committed yet';
+COMMENT ON VIEW fluxpg.queue_stats IS 'Per queue: kind (classic, stream, transient), head (messages ever appended), depth (classic and transient: waiting for the slowest group; stream: retained), bytes, segments, oldest retained message time, groups; outbox: messages of committed fluxpg.publish transactions waiting for the sequencer; staging_transactions / oldest_staging_age: open transactions that published to it and have not committed yet; consumers: seen in the last minute';
 
 CREATE OR REPLACE VIEW fluxpg.group_status AS
 SELECT q.name AS queue, gp.name AS grp, gp.mode, gp.partition, gp.cursor, gp.committed,

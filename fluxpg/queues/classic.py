@@ -53,3 +53,8 @@ async def nack(pool: asyncpg.Pool, queue: str, group: str, seqs: list[int], part
 async def reject(pool: asyncpg.Pool, queue: str, group: str, seqs: list[int],
                  reason: str | None = None, partition: int = 0) -> int:
     return await db.fetchval(pool, "reject", queue, group, seqs, reason, partition)
+
+
+async def release(pool: asyncpg.Pool, queue: str, group: str, seqs: list[int], partition: int = 0) -> int:
+    """Requeue now: the entries become deliverable at once, in offset order, delivery count kept."""
+    return await db.fetchval(pool, "release", queue, group, seqs, partition)

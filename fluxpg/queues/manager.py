@@ -1,4 +1,5 @@
-"""The queue manager: routing, fan-out, ephemeral queues, delivery scheduling and wake-ups.
+"""The queue manager: routing, fan-out, auto-created and transient queues, delivery scheduling
+and wake-ups.
 
 Every protocol front-end talks to one QueueManager per process:
 
@@ -12,6 +13,11 @@ Every protocol front-end talks to one QueueManager per process:
 Publishes are group-committed (appender.py); deliveries are pulled from PostgreSQL by one task per
 subscription, woken by LISTEN/NOTIFY (one notification per committed batch) and, as a safety net
 for visibility timeouts and retry backoffs, by a short poll.
+
+A `$queue/<name>/…` topic no configured queue matches reaches the queue `<name>`, created on first
+use as `queue_manager.auto_create` says: durable (the default: a classic queue in PostgreSQL),
+transient (transient.py), or not at all (UnknownQueue). Nothing is ever held only in memory:
+every confirmed publish is a row of fluxpg.log.
 """
 from __future__ import annotations
 
@@ -30,10 +36,9 @@ import asyncpg
 from fluxpg import db
 from fluxpg.aio import cancel_and_wait
 from fluxpg.config import Config, QueueConfig, QueueManagerConfig
-from fluxpg.queues import classic, stream
+from fluxpg.queues import classic, stream, transient
 from fluxpg.queues.appender import Appender, AppendRow
 from fluxpg.queues.sequencer import Sequencer
-from fluxpg.queues.ephemeral import EphemeralQueues
 from fluxpg.delivery import Delivery
 from fluxpg.errors import (FluxError, InvalidArgument, PayloadTooLarge, PreconditionFailed, Unavailable,
                            UnknownQueue, WrongQueueKind)
@@ -58,10 +63,28 @@ class QueueInfo:
     topics: list[str]
     partitions: int
     settings: dict[str, Any]
+    durability: str = "durable"     # durable | transient
+    owner: str | None = None        # transient: the connection an exclusive queue belongs to
+    auto_delete: bool = False       # transient: deleted when its last consumer leaves
+    owner_node: int | None = None   # transient: the node it goes with
     max_message_size: int = 0   # from settings, kept apart: the publish path checks it per message
 
     def __post_init__(self) -> None:
         self.max_message_size = int(self.settings.get("limits", {}).get("max_message_size", 0) or 0)
+
+    @property
+    def transient(self) -> bool:
+        return self.durability == "transient"
+
+    @property
+    def display_kind(self) -> str:
+        """classic | stream | transient, as fluxpg.queue_stats reports it."""
+        return "transient" if self.transient else self.kind
+
+    @classmethod
+    def from_row(cls, r: Any) -> QueueInfo:
+        return cls(r["id"], r["name"], r["kind"], list(r["topics"]), r["partitions"], r["settings"],
+                   r["durability"], r["owner"], r["auto_delete"], r["owner_node"])
 
     @property
     def primary_group(self) -> str:
@@ -113,10 +136,6 @@ class Subscription:
             return
         self._credit += n
         self._credit_event.set()
-        if self.kind == "ephemeral":
-            eq = self.manager.ephemeral.get(self.queue, create=False)
-            if eq is not None:
-                eq.drain()
 
     def set_credit(self, n: int | None) -> None:
         self._credit = n
@@ -136,23 +155,10 @@ class Subscription:
         if self.kind == "stream":
             self._delivered_max[d.partition] = max(self._delivered_max.get(d.partition, -1), d.seq)
 
-    # --- ephemeral push --------------------------------------------------------------------------
-
-    def offer(self, delivery: Delivery) -> bool:
-        if self._closed or (self._credit is not None and self._credit <= 0):
-            return False
-        self._take_credit()
-        self.delivered += 1
-        result = self._on_delivery(delivery)
-        if asyncio.iscoroutine(result):
-            asyncio.ensure_future(result)
-        return True
-
-    # --- durable pull loop -------------------------------------------------------------------
+    # --- pull loop ----------------------------------------------------------------------------
 
     def start(self) -> None:
-        if self.kind != "ephemeral":
-            self._task = asyncio.create_task(self._run(), name=f"fluxpg-sub-{self.queue}-{self.consumer}")
+        self._task = asyncio.create_task(self._run(), name=f"fluxpg-sub-{self.queue}-{self.consumer}")
 
     async def _fetch(self, n: int) -> list[Delivery]:
         pool = self.manager.pool
@@ -276,7 +282,8 @@ class Subscription:
                 await db.fetchval(self.manager.pool, "leave_group", self.queue, self.group, self.consumer)
             except Exception as exc:  # noqa: BLE001 - the member times out instead
                 log.warning("leaving %s/%s failed: %s", self.queue, self.group, exc)
-        self.manager._detach(self)
+        # Classic members stay: their node's death must still release their pending entries.
+        await self.manager._detach(self)
 
 
 class QueueManager:
@@ -292,7 +299,6 @@ class QueueManager:
         self._routes: dict[str, list[QueueInfo]] = {}   # topic → target queues, cleared on reload
         self._reserved_bindings: TopicTree[str] = TopicTree()
         self._reserved: set[str] = set()
-        self.ephemeral = EphemeralQueues(self.qm.ephemeral_grace.total_seconds())
         self.subscriptions: set[Subscription] = set()
         # AMQP 0-9-1 exclusive consumers of this node: queue → the consumer holding it (front-ends
         # refuse other consumers while it is there; a queue's consumers on other nodes are not seen).
@@ -324,7 +330,8 @@ class QueueManager:
             await conn.close()
         dbc = self.config.database
         self.pool = await db.create_pool(self.dsn, min_size=min(dbc.min_pool_size, dbc.pool_size),
-                                         max_size=dbc.pool_size, node_id=self.node_id)
+                                         max_size=dbc.pool_size, node_id=self.node_id,
+                                         transient_max_bytes=self.qm.transient_max_bytes)
         self._listener = db.Listener(self.dsn, {"fluxpg_log": self._on_log_notify,
                                                 "fluxpg_queues": self._on_queues_notify})
         await self._listener.start()
@@ -366,14 +373,20 @@ class QueueManager:
         timeout = self.qm.heartbeat_timeout
         while True:
             await asyncio.sleep(interval)
-            self.ephemeral.reap()
             try:
+                # Dead nodes go, and with them (ON DELETE CASCADE) their transient queues.
                 released = await self.pool.fetchval(db.queries()["node_heartbeat"], self.node_id, timeout)
                 if released:
                     log.info("released %d pending entries of dead nodes", released)
                     self._wake_all()
             except Exception as exc:  # noqa: BLE001
                 log.warning("node heartbeat failed: %s", exc)
+            try:
+                # Queues with dlq.expired (AMQP x-dead-letter-exchange): expired messages nobody
+                # claims reach their dead-letter queue within a heartbeat interval.
+                await db.fetchval(self.pool, "dead_letter_expired")
+            except Exception as exc:  # noqa: BLE001
+                log.warning("dead-lettering expired messages failed: %s", exc)
 
     # --- queue registry -------------------------------------------------------------------------
 
@@ -384,10 +397,11 @@ class QueueManager:
             await self._declare(qc)
         await self.reload_queues()
         names = {q.name for q in configured}
-        for name in self.queues:
-            if name not in names and not name.startswith("$dlq/"):
-                log.warning("queue %r is in the database but not in the config: kept, not dropped "
-                            "(drop it by hand if it is no longer wanted)", name)
+        for name, info in self.queues.items():
+            if name not in names and not name.startswith("$dlq/") and not info.transient:
+                # Auto-created and AMQP-declared queues are expected here; say it once, quietly.
+                log.info("queue %r is in the database but not in the config: kept, not dropped "
+                         "(drop it by hand if it is no longer wanted)", name)
 
     async def _declare(self, qc: QueueConfig) -> int:
         settings = qc.to_settings(self.qm)
@@ -404,8 +418,7 @@ class QueueManager:
 
     async def reload_queues(self) -> None:
         rows = await self.pool.fetch(db.queries()["load_queues"])
-        queues = {r["name"]: QueueInfo(r["id"], r["name"], r["kind"], list(r["topics"]), r["partitions"],
-                                       r["settings"]) for r in rows}
+        queues = {r["name"]: QueueInfo.from_row(r) for r in rows}
         bindings: TopicTree[str] = TopicTree()
         reserved: TopicTree[str] = TopicTree()
         for q in queues.values():
@@ -434,10 +447,43 @@ class QueueManager:
             await sub._fail(exc)
         await sub.close()
 
-    def _on_queues_notify(self, _payload: str | None) -> Awaitable[None] | None:
-        if self.pool is not None:
-            return self.reload_queues()
-        return None
+    def _on_queues_notify(self, payload: str | None) -> Awaitable[None] | None:
+        if self.pool is None:
+            return None
+        if payload and payload[:2] in ("t+", "t-"):
+            # A transient queue came or went (an RPC client may declare one per call): update
+            # the registry for that queue only instead of reloading every queue.
+            return self._transient_changed(payload[1], int(payload[2:]))
+        return self.reload_queues()
+
+    async def _transient_changed(self, sign: str, queue_id: int) -> None:
+        if sign == "-":
+            self._forget(queue_id)
+            return
+        row = await self.pool.fetchrow(db.queries()["load_queue"], queue_id)
+        if row is not None:
+            self._remember(QueueInfo.from_row(row))
+
+    def _remember(self, info: QueueInfo) -> None:
+        old = self.queues.get(info.name)
+        if old is not None and old.id != info.id:
+            self._forget(old.id)
+        self.queues[info.name] = info
+        self.queues_by_id[info.id] = info
+        for t in info.topics:
+            self._bindings.add(t, info.name)
+        self._routes = {}
+
+    def _forget(self, queue_id: int) -> None:
+        info = self.queues_by_id.pop(queue_id, None)
+        if info is None:
+            return
+        if self.queues.get(info.name) is info:
+            del self.queues[info.name]
+        for t in info.topics:
+            self._bindings.remove(t, info.name)
+        self._routes = {}
+        self._wake(queue_id)   # its consumers find out at once (their next claim: unknown queue)
 
     def queue_info(self, name: str) -> QueueInfo | None:
         return self.queues.get(name)
@@ -484,7 +530,7 @@ class QueueManager:
         if cached is not None:
             return cached
         targets = self._route(topic)
-        if targets:  # ephemeral routing depends on live consumers: never cached
+        if targets:  # an empty answer may change with the next auto-created queue: not cached
             if len(self._routes) >= ROUTE_CACHE_SIZE:
                 self._routes.clear()
             self._routes[topic] = targets
@@ -493,27 +539,15 @@ class QueueManager:
     def _route(self, topic: str) -> list[QueueInfo]:
         names = self._bindings.match(topic)
         if not names:
-            qt = parse_queue_topic(topic)
-            if qt.queue in self.ephemeral.queues:
-                return []
             names = self._reserved_bindings.match(topic)
-        return sorted((self.queues[n] for n in names), key=lambda q: q.id)
-
-    def _rows_for(self, topic: str, payload: bytes, headers: dict[str, Any] | None,
-                  partition_key: str | None) -> list[AppendRow] | tuple[str, int]:
-        """The log rows one publish becomes (one per matching durable queue), or — when no
-        durable queue matches — the (queue, offset) it got in an ephemeral queue."""
-        rows = self.durable_rows(topic, payload, headers, partition_key)
-        if rows is None:
-            qt = parse_queue_topic(topic)
-            return qt.queue, self.ephemeral.get(qt.queue).publish(topic, payload, headers)
-        return rows
+        return sorted((self.queues[n] for n in names if n in self.queues), key=lambda q: q.id)
 
     def durable_rows(self, topic: str, payload: bytes, headers: dict[str, Any] | None,
                      partition_key: str | None = None) -> list[AppendRow] | None:
-        """Validate and route a publish without doing it: the log rows it becomes, or None when
-        no durable queue takes it (an ephemeral queue would). Raises FluxError for bad input.
-        Shared by the publish path and transactions (queues/transactions.py)."""
+        """Validate and route a publish without doing it: the log rows it becomes (one per
+        matching queue, durable or transient), or None when no queue matches yet (see
+        rows_for_publish). Raises FluxError for bad input. Shared by the publish path and
+        transactions (queues/transactions.py)."""
         targets = self._routes.get(topic)   # a cached topic was validated when it was cached
         if targets is None:
             validate_topic_name(topic)
@@ -538,13 +572,49 @@ class QueueManager:
         return [(self.queues_by_id[qid].name if qid in self.queues_by_id else str(qid), seq)
                 for qid, _part, seq in results]
 
+    async def rows_for_publish(self, topic: str, payload: bytes, headers: dict[str, Any] | None,
+                               partition_key: str | None = None) -> list[AppendRow]:
+        """durable_rows, creating the queue `<name>` of an unmatched `$queue/<name>/…` first as
+        queue_manager.auto_create says (UnknownQueue when it is off)."""
+        rows = self.durable_rows(topic, payload, headers, partition_key)
+        if rows is None:
+            await self.ensure_queue(self._unmatched_name(topic))
+            rows = self.durable_rows(topic, payload, headers, partition_key)
+            if rows is None:
+                raise UnknownQueue(f"no queue is bound to topic {topic!r}")
+        return rows
+
+    def _unmatched_name(self, topic: str) -> str:
+        if topic.startswith("$dlq/"):
+            raise UnknownQueue(f"no dead-letter queue {topic!r}: dead-letter queues are created by "
+                               "dead-lettering, not by publishing")
+        return parse_queue_topic(topic).queue
+
+    async def ensure_queue(self, name: str) -> QueueInfo:
+        """The queue `name`, created as `queue_manager.auto_create` says when it does not exist
+        (durable: a classic queue with the default settings; transient: owned by this node;
+        off: UnknownQueue)."""
+        info = self.queues.get(name)
+        if info is None:
+            await self.reload_queues()   # another node (or the CLI) may have created it
+            info = self.queues.get(name)
+        if info is not None:
+            return info
+        mode = self.qm.auto_create
+        if mode == "off":
+            raise UnknownQueue(f"unknown queue {name!r} (queue_manager.auto_create is off: declare it in "
+                               "the config or over AMQP)")
+        if mode == "transient":
+            return await self.declare_transient(name)
+        log.info("auto-creating durable classic queue %r (queue_manager.auto_create: durable)", name)
+        return await self.declare_queue(QueueConfig(name=name))
+
     async def publish(self, topic: str, payload: bytes, headers: dict[str, Any] | None = None, *,
                       partition_key: str | None = None) -> list[tuple[str, int]]:
         """Append to every queue whose topics match, in one transaction; returns (queue, offset)
-        per queue after commit. With no durable queue matching, an ephemeral queue takes it."""
-        rows = self._rows_for(topic, bytes(payload), headers, partition_key)
-        if isinstance(rows, tuple):
-            return [rows]
+        per queue after commit. With no queue matching, `<name>` of `$queue/<name>/…` is created
+        first as queue_manager.auto_create says (or UnknownQueue when it is off)."""
+        rows = await self.rows_for_publish(topic, bytes(payload), headers, partition_key)
         return self._names(await self.appender.append(rows))
 
     async def publish_many(self, messages: list[tuple[str, bytes, dict[str, Any] | None]]
@@ -553,16 +623,13 @@ class QueueManager:
         per message, its (queue, offset) list. For producers that batch themselves: one
         future for the whole batch instead of one per message."""
         rows: list[AppendRow] = []
-        spans: list[tuple[int, int] | tuple[str, int]] = []
+        spans: list[tuple[int, int]] = []
         for topic, payload, headers in messages:
-            out = self._rows_for(topic, bytes(payload), headers, None)
-            if isinstance(out, tuple):
-                spans.append(out)
-            else:
-                spans.append((len(rows), len(rows) + len(out)))
-                rows.extend(out)
+            out = await self.rows_for_publish(topic, bytes(payload), headers, None)
+            spans.append((len(rows), len(rows) + len(out)))
+            rows.extend(out)
         results = self._names(await self.appender.append(rows)) if rows else []
-        return [[span] if isinstance(span[0], str) else results[span[0]:span[1]] for span in spans]
+        return [results[a:b] for a, b in spans]
 
     # --- consume ----------------------------------------------------------------------------------
 
@@ -582,20 +649,17 @@ class QueueManager:
             validate_topic_filter(filter)
         internal = internal_group_name(group, filter)
         info = self.queues.get(queue)
-        if info is None and not self._is_ephemeral_name(queue):
+        if info is None:
             await self.reload_queues()
             info = self.queues.get(queue)
         if info is None and queue.startswith("$dlq/") and queue[5:] in self.queues:
-            # A durable queue's dead-letter queue is created on first dead letter; a consumer
-            # may come first, and must wait on the durable DLQ, not an ephemeral look-alike.
+            # A queue's dead-letter queue is created on first dead letter; a consumer may come
+            # first, and waits on the real DLQ.
             await db.fetchval(self.pool, "ensure_dlq", queue[5:])
             await self.reload_queues()
             info = self.queues.get(queue)
         if info is None:
-            sub = Subscription(self, queue, "ephemeral", internal, consumer, filter, on_delivery, credit, on_error)
-            self.subscriptions.add(sub)
-            self.ephemeral.get(queue).attach(sub)
-            return sub
+            info = await self.ensure_queue(queue)
         if info.kind == "classic" and position not in (None, ""):
             raise WrongQueueKind(f"queue {queue!r} is a classic queue; a stream offset needs a stream queue")
         pos = stream.normalize_position(position) if info.kind == "stream" else None
@@ -619,15 +683,21 @@ class QueueManager:
         sub.start()
         return sub
 
-    def _is_ephemeral_name(self, name: str) -> bool:
-        return name in self.ephemeral.queues
-
-    def _detach(self, sub: Subscription) -> None:
+    async def _detach(self, sub: Subscription) -> None:
         self.subscriptions.discard(sub)
-        if sub.kind == "ephemeral":
-            eq = self.ephemeral.get(sub.queue, create=False)
-            if eq is not None:
-                eq.detach(sub)
+        info = self.queues.get(sub.queue)
+        if (info is not None and info.id == sub.queue_id and info.auto_delete
+                and not any(s.queue == sub.queue for s in self.subscriptions)):
+            # AMQP auto-delete: the queue goes as soon as its last consumer does (so a mandatory
+            # publish to it afterwards is returned, which aio-pika's RPC relies on).
+            try:
+                await self.delete_transient(sub.queue)
+            except FluxError as exc:
+                log.warning("auto-deleting transient queue %r failed: %s", sub.queue, exc)
+
+    def consumer_count(self, queue: str) -> int:
+        """Consumers of `queue` on this node."""
+        return sum(1 for s in self.subscriptions if s.queue == queue)
 
     async def _add_work_properties(self, queue: str, deliveries: list[Delivery]) -> None:
         info = self.queues.get(queue)
@@ -644,8 +714,6 @@ class QueueManager:
     # --- acknowledgements -------------------------------------------------------------------------
 
     async def _kind(self, queue: str) -> str:
-        if queue in self.ephemeral.queues and queue not in self.queues:
-            return "ephemeral"
         return (await self._require_queue(queue)).kind
 
     # `executor` (default: the pool) lets a transaction (queues/transactions.py) run the very
@@ -655,25 +723,35 @@ class QueueManager:
         """Classic: done, remove from the pending list. Stream: checkpoint. Returns how many
         entries it affected (0: nothing was pending — a documented no-op)."""
         kind = await self._kind(queue)
-        if kind == "ephemeral":
-            return 0
         if kind == "stream":
             return await stream.checkpoint(executor or self.pool, queue, group, seqs, partition)
         return await classic.ack(executor or self.pool, queue, group, seqs, partition)
 
     async def nack(self, queue: str, group: str, seqs: list[int], partition: int = 0, *, executor=None) -> int:
-        """Classic: redeliver after the retry backoff. Stream: no-op."""
-        kind = await self._kind(queue)
-        if kind == "ephemeral":
-            return 0
-        return await classic.nack(executor or self.pool, queue, group, seqs, partition)   # a no-op for streams (in SQL)
+        """Classic: redeliver now (after the retry backoff when the queue sets
+        retry.nack_backoff). Stream: no-op."""
+        await self._kind(queue)
+        n = await classic.nack(executor or self.pool, queue, group, seqs, partition)   # a no-op for streams (in SQL)
+        self._wake_queue(queue)
+        return n
+
+    async def release(self, queue: str, group: str, seqs: list[int], partition: int = 0, *, executor=None) -> int:
+        """Classic: requeue now, no backoff, original order, delivery count kept (the consumer
+        went away: channel closed, connection lost, cancelled, recover). Stream: no-op."""
+        await self._kind(queue)
+        n = await classic.release(executor or self.pool, queue, group, seqs, partition)
+        self._wake_queue(queue)
+        return n
+
+    def _wake_queue(self, queue: str) -> None:
+        info = self.queues.get(queue)
+        if info is not None:
+            self._wake(info.id)   # local consumers at once; other nodes by the NOTIFY
 
     async def reject(self, queue: str, group: str, seqs: list[int], reason: str | None = None,
                      partition: int = 0, *, executor=None) -> int:
         """Classic: dead-letter. Stream: move the cursor past the message."""
-        kind = await self._kind(queue)
-        if kind == "ephemeral":
-            return 0
+        await self._kind(queue)
         return await classic.reject(executor or self.pool, queue, group, seqs, reason, partition)
 
     # --- purge and delete (AMQP 0-9-1 queue.purge / queue.delete) ----------------------------
@@ -685,12 +763,6 @@ class QueueManager:
     async def purge_queue(self, name: str) -> int:
         """Skip every message of a classic queue not yet delivered (fluxpg.purge_queue); pending
         ones stay. Returns how many were purged. A stream is refused (WrongQueueKind)."""
-        if name in self.ephemeral.queues and name not in self.queues:
-            eq = self.ephemeral.get(name, create=False)
-            n = len(eq.buffer) if eq is not None else 0
-            if eq is not None:
-                eq.buffer.clear()
-            return n
         await self._require_queue(name)
         return int(await db.fetchval(self.pool, "purge_queue", name))
 
@@ -721,6 +793,60 @@ class QueueManager:
         from fluxpg.queues.transactions import Transaction
 
         return Transaction(self, max_bytes=max_bytes)
+
+    # --- transient queues -------------------------------------------------------------------------
+
+    async def declare_transient(self, name: str, *, owner: str | None = None, auto_delete: bool = False,
+                                config: QueueConfig | None = None) -> QueueInfo:
+        """Create (or find) a transient queue: classic semantics, messages in the unlogged
+        fluxpg.log_transient, gone when this node stops (or dies) or on delete_transient.
+
+        owner: an exclusive queue's connection (any string unique per connection, e.g.
+        f"{manager.node_id}:{conn_id}"); another owner gets ResourceLocked. auto_delete: deleted
+        when its last consumer on this node leaves. config: limits / retry / dlq settings
+        (QueueConfig(name=name, ...)), defaults otherwise. Raises WrongQueueKind when a durable
+        queue has the name. No DDL runs: about as cheap as a publish.
+        """
+        qc = config or QueueConfig(name=name)
+        queue_id = await transient.declare(self.pool, name, self.node_id, owner=owner, auto_delete=auto_delete,
+                                           settings=qc.to_settings(self.qm))
+        info = self.queues_by_id.get(queue_id)
+        if info is None:
+            row = await self.pool.fetchrow(db.queries()["load_queue"], queue_id)
+            if row is None:
+                raise UnknownQueue(f"transient queue {name!r} was deleted while being declared")
+            info = QueueInfo.from_row(row)
+            self._remember(info)
+        return info
+
+    async def delete_transient(self, name: str) -> int | None:
+        """Delete a transient queue and its messages; returns how many were waiting (None: it did
+        not exist). Its consumers end (their subscription fails with UnknownQueue)."""
+        info = self.queues.get(name)
+        count = await transient.delete(self.pool, name)
+        if info is not None:
+            self._forget(info.id)
+        return count
+
+    async def get(self, queue: str, group: str, consumer: str) -> list[Delivery]:
+        """One message for a synchronous get (AMQP basic.get): claimed (classic, it is then
+        pending for `consumer`) or read (stream); [] when none is waiting."""
+        info = await self._require_queue(queue)
+        if info.kind == "classic":
+            return await classic.claim(self.pool, queue, group, consumer, 1)
+        return await stream.read(self.pool, queue, group, consumer, 1)
+
+    async def ready_count(self, queue: str) -> int:
+        """Messages the queue's default group (named like the queue, as AMQP consumers join it)
+        can still get: not yet delivered, or given back and due again (fluxpg.ready_count)."""
+        return int(await db.fetchval(self.pool, "ready_count", queue) or 0)
+
+    async def queue_depth(self, name: str) -> tuple[int, int]:
+        """(messages waiting, consumers across nodes) of one queue, as fluxpg.queue_stats says."""
+        row = await self.pool.fetchrow(db.queries()["queue_depth"], name)
+        if row is None:
+            raise UnknownQueue(f"unknown queue {name!r}")
+        return max(int(row["depth"] or 0), 0), int(row["consumers"] or 0)
 
     async def commit(self, queue: str, group: str, seq: int, partition: int = 0) -> None:
         """Stream: checkpoint at `seq` (the first offset not yet processed)."""

@@ -61,6 +61,9 @@ class RetentionLoop:
             log.info("dropped segment %s of queue %s [%d, %d): %s", seg["segment"], seg["queue"],
                      seg["from_seq"], seg["to_seq"], seg["reason"])
             dropped += 1
+        swept = await conn.fetchval(q["sweep_transient"])
+        if swept:
+            log.info("%d messages of transient queues removed (done with or expired)", swept)
         expired = await conn.fetchval(q["expire_groups"])
         if expired:
             log.info("%d stream consumer groups expired (unused for their queue's retention period)", expired)

@@ -19,8 +19,9 @@ finds at commit (a full queue, a queue deleted meanwhile) fail the whole commit 
 applied. A Transaction is reusable after commit/rollback (AMQP 0-9-1 channels stay
 transactional). Memory: the collected payloads are bounded by `max_bytes` (LimitExceeded).
 
-Publishes to ephemeral (in-memory) queues cannot join a PostgreSQL transaction: they are
-handed to the ephemeral queue right after the commit succeeded, and dropped at rollback.
+A publish to a `$queue/<name>` no queue matches yet is routed at commit: the queue is created
+first (queue_manager.auto_create; off: the commit fails with nothing applied), then the publish
+joins the one PostgreSQL transaction like every other.
 """
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ class _Publish:
     topic: str
     payload: bytes
     headers: dict[str, Any] | None
-    rows: list[AppendRow] | None     # None: no durable queue takes it (ephemeral, after commit)
+    rows: list[AppendRow] | None     # None: no queue matches yet (auto-created at commit)
 
 
 @dataclass(slots=True)
@@ -93,7 +94,7 @@ class Transaction:
         rows = self.manager.durable_rows(topic, payload, headers, partition_key)
         if rows is None:
             from fluxpg.topics import parse_queue_topic
-            parse_queue_topic(topic)   # an ephemeral publish needs a queue topic too
+            parse_queue_topic(topic)   # auto-creating the queue needs a queue topic
         self._account(len(payload) * max(len(rows or ()), 1))
         self._publishes.append(_Publish(topic, payload, headers, rows))
 
@@ -138,7 +139,11 @@ class Transaction:
         if not publishes and not settles:
             return []
         mgr = self.manager
-        rows: list[AppendRow] = [r for p in publishes if p.rows for r in p.rows]
+        for p in publishes:
+            if p.rows is None:
+                # Before the transaction: creating a queue is a transaction of its own.
+                p.rows = await mgr.rows_for_publish(p.topic, p.payload, p.headers)
+        rows: list[AppendRow] = [r for p in publishes for r in p.rows]
         try:
             async with mgr.pool.acquire() as conn:
                 async with conn.transaction():
@@ -158,16 +163,8 @@ class Transaction:
         out: list[list[tuple[str, int]]] = []
         i = 0
         for p in publishes:
-            if p.rows:
-                out.append(named[i:i + len(p.rows)])
-                i += len(p.rows)
-            else:
-                # Committed: now the in-memory part (it never was in the transaction's reach).
-                try:
-                    out.append(await mgr.publish(p.topic, p.payload, p.headers))
-                except FluxError as exc:
-                    log.warning("transactional publish to ephemeral %s after commit failed: %s", p.topic, exc)
-                    out.append([])
+            out.append(named[i:i + len(p.rows)])
+            i += len(p.rows)
         return out
 
 

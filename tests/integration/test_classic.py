@@ -44,8 +44,19 @@ async def test_claim_delivers_each_message_once_then_redeliveries_first(conn, qn
     assert [tuple(r) for r in entries] == [(0, "a", 1), (1, "b", 2), (2, "b", 1), (3, "b", 1), (4, "b", 1)]
 
 
+async def test_nack_redelivers_at_once_in_offset_order_by_default(conn, qname):
+    await declare(conn, qname, settings={"retry": {"initial_backoff": "2s"}})
+    await publish_many(conn, qname, 3)
+    assert await claim(conn, qname, "g", "c", 3) == [0, 1, 2]
+    assert await conn.fetchval("SELECT fluxpg.nack($1, 'g', ARRAY[2, 0]::bigint[])", qname) == 2
+    assert await conn.fetchval("SELECT fluxpg.release($1, 'g', ARRAY[1]::bigint[])", qname) == 1
+    rows = await conn.fetch("SELECT seq, delivery_count FROM fluxpg.claim($1, 'g', 'c2', 5)", qname)
+    assert [(r["seq"], r["delivery_count"]) for r in rows] == [(0, 2), (1, 2), (2, 2)]
+
+
 async def test_nack_applies_retry_backoff(conn, qname):
-    await declare(conn, qname, settings={"retry": {"initial_backoff": "2s", "multiplier": 3.0, "max_backoff": "5s"}})
+    await declare(conn, qname, settings={"retry": {"initial_backoff": "2s", "multiplier": 3.0, "max_backoff": "5s",
+                                                   "nack_backoff": True}})
     await publish_many(conn, qname, 1)
     await claim(conn, qname, "g", "c")
     await conn.fetchval("SELECT fluxpg.nack($1, 'g', ARRAY[0]::bigint[])", qname)

@@ -2,8 +2,9 @@
 
 Random sequences of publish / claim / ack / nack / reject run against the real SQL functions and
 against the model; after every step the pending list, cursor, committed offset and dead-letter
-queue must agree. Nacks use a zero backoff (immediately due again), the visibility timeout is an
-hour (nothing times out during a run), max_retries is 2 (the third delivery is the last).
+queue must agree. Nacks and releases requeue at once (no retry.nack_backoff) and come back
+lowest offset first, the visibility timeout is an hour (nothing times out during a run),
+max_retries is 2 (the third delivery is the last).
 """
 from __future__ import annotations
 
@@ -64,10 +65,10 @@ class ClassicMachine(RuleBasedStateMachine):
                                         self.queue, self.group, consumer, n))
         got = [(r["seq"], r["delivery_count"]) for r in rows]
         m = self.model
-        # Redeliveries first: the n oldest due (nacked) entries; those already delivered
-        # MAX_DELIVERIES times are dead-lettered instead (in offset order), the rest are
-        # delivered again (returned in offset order).
-        due = sorted((e["due"], seq) for seq, e in m.pending.items() if e["due"] is not None)[:n]
+        # Redeliveries first: the n lowest due (nacked or released) entries, in offset order (the
+        # original order); those already delivered MAX_DELIVERIES times are dead-lettered
+        # instead, the rest are delivered again.
+        due = sorted((seq, seq) for seq, e in m.pending.items() if e["due"] is not None)[:n]
         expected = []
         for seq in sorted(seq for _, seq in due):
             entry = m.pending[seq]
@@ -113,6 +114,17 @@ class ClassicMachine(RuleBasedStateMachine):
         else:
             self.model.clock += 1
             entry["due"] = self.model.clock
+
+    @precondition(lambda self: self.model.pending)
+    @rule(data=st.data())
+    def release(self, data):
+        # A consumer went away: requeued now, delivery count kept, no dead-lettering here.
+        seqs = data.draw(st.lists(st.sampled_from(sorted(self.model.pending)), min_size=1, unique=True))
+        assert self.run(self.conn.fetchval("SELECT fluxpg.release($1, $2, $3)", self.queue, self.group,
+                                           seqs)) == len(seqs)
+        for seq in seqs:
+            self.model.clock += 1
+            self.model.pending[seq]["due"] = self.model.clock
 
     @precondition(lambda self: self.model.pending)
     @rule(data=st.data())

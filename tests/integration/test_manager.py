@@ -1,5 +1,5 @@
-"""The Python queue manager and the embedding API: group commit, routing, ephemeral queues,
-NOTIFY wake-ups across nodes, crashes and lost connections."""
+"""The Python queue manager and the embedding API: group commit, routing, auto-created and
+transient queues, NOTIFY wake-ups across nodes, crashes and lost connections."""
 from __future__ import annotations
 
 import asyncio
@@ -10,7 +10,7 @@ import fluxpg
 from fluxpg import db
 from fluxpg.config import QueueConfig
 from fluxpg.queues import manager as manager_module
-from fluxpg.errors import PayloadTooLarge, QueueFull, UnknownQueue
+from fluxpg.errors import PayloadTooLarge, QueueFull, ResourceLocked, UnknownQueue, WrongQueueKind
 
 
 class Inbox:
@@ -98,27 +98,131 @@ async def test_credit_limits_unacked_deliveries(manager_factory, qname):
     await inbox.wait_for(3)
 
 
-async def test_ephemeral_queue_when_nothing_matches(manager_factory, qname):
+async def test_durable_queue_auto_created_when_nothing_matches(manager_factory, conn, qname):
+    """Default config (auto_create: durable): a publish to an unlisted name creates a durable
+    classic queue, and what it confirmed is in the log (it was an in-memory queue before)."""
     mgr = await manager_factory([QueueConfig(name=qname)])
-    # Published before any consumer: buffered, not dropped.
-    assert await mgr.publish(f"$queue/eph-{qname}/a", b"early") == [(f"eph-{qname}", 0)]
+    name = f"auto-{qname}"
+    assert await mgr.publish(f"$queue/{name}/a", b"early") == [(name, 0)]
+    assert tuple(await conn.fetchrow("SELECT kind, durability FROM fluxpg.queues WHERE name = $1", name)) \
+        == ("classic", "durable")
     inbox = Inbox()
-    sub = await mgr.subscribe(f"eph-{qname}", "g", "c", on_delivery=inbox)
-    assert sub.kind == "ephemeral"
-    await mgr.publish(f"$queue/eph-{qname}/b", b"late")
+    sub = await mgr.subscribe(name, "g", "c", on_delivery=inbox)
+    assert sub.kind == "classic"
+    await mgr.publish(f"$queue/{name}/b", b"late")
     got = await inbox.wait_for(2)
     assert [d.payload for d in got] == [b"early", b"late"]
-    assert await mgr.ack(f"eph-{qname}", "g", [0]) == 0              # no acknowledgements
+    rows = await conn.fetch("SELECT l.seq, l.payload, l.tableoid::regclass::text AS part FROM fluxpg.log l "
+                            "JOIN fluxpg.queues q ON q.id = l.queue_id WHERE q.name = $1 ORDER BY l.seq", name)
+    assert [(r["seq"], r["payload"]) for r in rows] == [(0, b"early"), (1, b"late")]
+    assert all(r["part"] != "fluxpg.log_transient" for r in rows)
+    assert await mgr.ack(name, "g", [0, 1]) == 2                        # real acknowledgements
     await sub.close()
-    mgr.ephemeral.grace = 0
-    assert mgr.ephemeral.reap() == [f"eph-{qname}"]
+    # A consumer first also creates it (durably), before anything was published.
+    await mgr.subscribe(f"sub-{qname}", "g", "c", on_delivery=Inbox())
+    assert await conn.fetchval("SELECT durability FROM fluxpg.queues WHERE name = $1", f"sub-{qname}") == "durable"
 
 
-async def test_reserved_mqtt_queue_when_no_queues_are_configured(manager_factory, conn, qname):
+async def test_auto_create_off_refuses(manager_factory, conn, qname):
+    mgr = await manager_factory([QueueConfig(name=qname)], auto_create="off")
+    with pytest.raises(UnknownQueue):
+        await mgr.publish(f"$queue/nope-{qname}/a", b"x")
+    with pytest.raises(UnknownQueue):
+        await mgr.subscribe(f"nope-{qname}", "g", "c", on_delivery=Inbox())
+    assert await conn.fetchval("SELECT count(*) FROM fluxpg.queues WHERE name = $1", f"nope-{qname}") == 0
+    assert await mgr.publish(f"$queue/{qname}/a", b"x") == [(qname, 0)]   # configured queues work
+
+
+async def test_auto_create_transient(manager_factory, conn, qname):
+    mgr = await manager_factory([QueueConfig(name=qname)], auto_create="transient")
+    name = f"tr-{qname}"
+    assert await mgr.publish(f"$queue/{name}/a", b"one") == [(name, 0)]
+    row = await conn.fetchrow("SELECT kind, durability, owner_node FROM fluxpg.queues WHERE name = $1", name)
+    assert tuple(row) == ("classic", "transient", mgr.node_id)
+    assert await conn.fetchval("SELECT count(*) FROM fluxpg.log_transient l JOIN fluxpg.queues q ON q.id = l.queue_id "
+                               "WHERE q.name = $1", name) == 1
+    stats = {r["queue"]: r for r in await mgr.queue_stats()}
+    assert (stats[name]["kind"], stats[name]["depth"]) == ("transient", 1)
+
+
+async def test_reserved_catch_all_queue_when_configured(manager_factory, conn, qname):
+    """No implicit catch-all any more: with no queues configured a name gets its own queue;
+    a config that declares a reserved catch-all (FluxMQ) still sends unmatched publishes there."""
     mgr = await manager_factory([])
     [(queue, _offset)] = await mgr.publish(f"$queue/{qname}/x", b"p")
-    assert queue == "mqtt"
-    assert await conn.fetchval("SELECT kind FROM fluxpg.queues WHERE name = 'mqtt'") == "classic"
+    assert queue == qname
+    catch_all = QueueConfig(name=f"all-{qname}", topics=["$queue/#"], reserved=True)
+    mgr = await manager_factory([catch_all])
+    [(queue, _offset)] = await mgr.publish(f"$queue/other-{qname}/x", b"p")
+    assert queue == f"all-{qname}"
+    assert await conn.fetchval("SELECT count(*) FROM fluxpg.queues WHERE name = $1", f"other-{qname}") == 0
+
+
+async def test_transient_queue_api(manager_factory, conn, qname):
+    """declare_transient / delete_transient / release: the API the front-ends share."""
+    mgr = await manager_factory([QueueConfig(name=qname)])
+    name = f"t-{qname}"
+    info = await mgr.declare_transient(name, owner="conn-1", auto_delete=True)
+    assert (info.transient, info.owner, info.auto_delete, info.display_kind) == (True, "conn-1", True, "transient")
+    assert (await mgr.declare_transient(name, owner="conn-1")).id == info.id       # idempotent
+    with pytest.raises(ResourceLocked):
+        await mgr.declare_transient(name, owner="conn-2")
+    with pytest.raises(WrongQueueKind):
+        await mgr.declare_transient(qname)                                         # durable name
+    for i in range(4):
+        await mgr.publish(f"$queue/{name}/k", b"%d" % i)
+    inbox = Inbox()
+    sub = await mgr.subscribe(name, "g", "c", on_delivery=inbox, credit=4)
+    got = await inbox.wait_for(4)
+    assert await mgr.queue_depth(name) == (4, 1)
+    assert await mgr.ack(name, "g", [got[0].seq]) == 1
+    # Acknowledged messages leave the unlogged partition at once.
+    assert [r["seq"] for r in await conn.fetch(
+        "SELECT seq FROM fluxpg.log_transient WHERE queue_id = $1 ORDER BY seq", info.id)] == [1, 2, 3]
+    assert await mgr.release(name, "g", [3, 1, 2]) == 3
+    sub.grant(3)
+    again = await inbox.wait_for(7)
+    assert [(d.seq, d.redelivered) for d in again[4:]] == [(1, True), (2, True), (3, True)]
+    await sub.close()                                                  # auto-delete: last consumer gone
+    assert await conn.fetchval("SELECT count(*) FROM fluxpg.queues WHERE name = $1", name) == 0
+    assert await conn.fetchval("SELECT count(*) FROM fluxpg.log_transient WHERE queue_id = $1", info.id) == 0
+    assert mgr.queue_info(name) is None
+
+
+async def test_transient_queues_go_with_their_node(manager_factory, conn, qname):
+    node_a = await manager_factory([QueueConfig(name=qname)])
+    node_b = await manager_factory([QueueConfig(name=qname)])
+    await node_a.declare_transient(f"a-{qname}")
+    await node_a.publish(f"$queue/a-{qname}", b"x")
+    # The other node routes to it too (it is a row of fluxpg.queues, announced by NOTIFY).
+    for _ in range(100):
+        if node_b.queue_info(f"a-{qname}") is not None:
+            break
+        await asyncio.sleep(0.05)
+    assert await node_b.publish(f"$queue/a-{qname}", b"y") == [(f"a-{qname}", 1)]
+    await node_a.close()
+    assert await conn.fetchval("SELECT count(*) FROM fluxpg.queues WHERE name = $1", f"a-{qname}") == 0
+    for _ in range(100):
+        if node_b.queue_info(f"a-{qname}") is None:
+            break
+        await asyncio.sleep(0.05)
+    assert node_b.queue_info(f"a-{qname}") is None
+
+
+async def test_transient_bytes_are_bounded(manager_factory, conn, qname):
+    mgr = await manager_factory([QueueConfig(name=qname)], transient_max_bytes=1000)
+    await mgr.declare_transient(f"b-{qname}")
+    await mgr.publish(f"$queue/b-{qname}", b"x" * 600)
+    with pytest.raises(QueueFull):
+        await mgr.publish(f"$queue/b-{qname}", b"x" * 600)
+    # Refused, not dropped silently: the first is there, the second never was.
+    assert await conn.fetchval("SELECT count(*) FROM fluxpg.log_transient l JOIN fluxpg.queues q ON q.id = l.queue_id "
+                               "WHERE q.name = $1", f"b-{qname}") == 1
+    inbox = Inbox()
+    await mgr.subscribe(f"b-{qname}", "g", "c", on_delivery=inbox)
+    [d] = await inbox.wait_for(1)
+    await mgr.ack(f"b-{qname}", "g", [d.seq])                      # frees its bytes
+    await mgr.publish(f"$queue/b-{qname}", b"x" * 600)
 
 
 async def test_notify_wakes_a_consumer_on_another_node(manager_factory, qname, monkeypatch):
@@ -245,8 +349,9 @@ async def test_reserved_queue_only_takes_what_no_other_queue_does(manager_factor
     assert [tuple(r) for r in await conn.fetch("SELECT queue, seq FROM fluxpg.append($1, 'p')",
                                                f"$queue/{qname}/y")] == [(qname, 1)]
     [(queue, _)] = await mgr.publish(f"$queue/unbound-{qname}/x", b"p")
-    assert queue == f"unbound-{qname}"          # not the leftover catch-all: an ephemeral queue
-    [(queue, _)] = await (await manager_factory([])).publish(f"$queue/unbound-{qname}/x", b"p")
+    assert queue == f"unbound-{qname}"          # not the leftover catch-all: a queue of its own
+    catch_all = QueueConfig(name="mqtt", topics=["$queue/#"], reserved=True)
+    [(queue, _)] = await (await manager_factory([catch_all])).publish(f"$queue/unbound2-{qname}/x", b"p")
     assert queue == "mqtt"                      # while it is configured, the catch-all takes it
 
 

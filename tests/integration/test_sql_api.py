@@ -16,7 +16,9 @@ async def test_declare_creates_queue_with_first_segment_and_defaults(conn, qname
     assert row["kind"] == "classic"
     assert list(row["topics"]) == [f"$queue/{qname}/#"]
     s = row["settings"]
-    assert s["limits"] == {"max_message_size": 10485760, "max_depth": 100000, "message_ttl": "168h"}
+    assert s["limits"] == {"max_message_size": 10485760, "max_depth": 100000, "message_ttl": "168h",
+                           "overflow": "reject-publish"}
+    assert (s["retry"]["nack_backoff"], s["dlq"]["expired"]) == (False, False)
     assert s["retry"]["max_retries"] == 10 and s["dlq"]["enabled"] is True
     segs = await conn.fetch("SELECT * FROM fluxpg.segments WHERE queue = $1", qname)
     assert [(r["from_seq"], r["to_seq"]) for r in segs] == [(0, 100000)]

@@ -395,7 +395,7 @@ async def test_consumer_group_argument_and_channel_qos(broker, qname):
         await conn.close()
 
 
-async def test_exclusive_server_named_queue_is_ephemeral(broker):
+async def test_exclusive_server_named_queue_is_transient(broker):
     server = await broker()
     conn = await _connect(server)
     try:
@@ -403,7 +403,9 @@ async def test_exclusive_server_named_queue_is_ephemeral(broker):
         fan = await ch.declare_exchange("broadcast", aio_pika.ExchangeType.FANOUT)
         q = await ch.declare_queue(exclusive=True)       # server-named, e.g. an RPC reply queue
         assert q.name.startswith("amq.gen-")
-        assert server.manager.queue_info(q.name) is None  # in memory, not a durable queue
+        info = server.manager.queue_info(q.name)         # a transient queue, owned by this connection
+        assert (info.display_kind, info.owner_node) == ("transient", server.manager.node_id)
+        assert info.owner is not None
         await q.bind(fan)
         got = []
         arrived = asyncio.Event()
@@ -421,3 +423,9 @@ async def test_exclusive_server_named_queue_is_ephemeral(broker):
         assert got == [b"one", b"two"]
     finally:
         await conn.close()
+    # Gone with its connection.
+    for _ in range(50):
+        if server.manager.queue_info(q.name) is None:
+            break
+        await asyncio.sleep(0.1)
+    assert server.manager.queue_info(q.name) is None

@@ -69,14 +69,30 @@ def test_defaults_are_fluxmqs():
     assert qm.retention_interval == qm.ephemeral_grace == timedelta(minutes=5)
     assert (qm.heartbeat_interval, qm.heartbeat_timeout) == (timedelta(seconds=5), timedelta(seconds=30))
     assert qm.max_groups_per_stream == 50
+    assert (qm.auto_create, qm.transient_max_bytes) == ("durable", 256 * 2 ** 20)
     assert c.queues == []
 
 
-def test_effective_queues_default_is_reserved_mqtt_queue():
-    (q,) = Config().effective_queues()
-    assert (q.name, q.topics, q.reserved, q.type) == ("mqtt", ["$queue/#"], True, "classic")
+def test_effective_queues_default_has_no_implicit_catch_all():
+    # FluxMQ's implicit reserved `mqtt` queue would take every unmatched publish and defeat
+    # auto_create (durable by default): with no queues configured there are none.
+    assert Config().effective_queues() == []
     c = Config(queues=[{"name": "orders"}])
     assert [q.name for q in c.effective_queues()] == ["orders"]
+    catch_all = Config(queues=[{"name": "mqtt", "topics": ["$queue/#"], "reserved": True}])
+    (q,) = catch_all.effective_queues()
+    assert (q.name, q.topics, q.reserved) == ("mqtt", ["$queue/#"], True)
+
+
+def test_auto_create_values():
+    assert Config(queue_manager={"auto_create": "transient"}).queue_manager.auto_create == "transient"
+    assert Config(queue_manager={"auto_create": "off"}).queue_manager.auto_create == "off"
+    with pytest.raises(ValueError):
+        Config(queue_manager={"auto_create": "memory"})
+    with pytest.raises(ValueError):
+        Config(queue_manager={"transient_max_bytes": -1})
+    assert any("ephemeral_grace is ignored" in w
+               for w in Config(queue_manager={"ephemeral_grace": "1m"}).warnings())
 
 
 def test_queue_defaults():
@@ -87,14 +103,16 @@ def test_queue_defaults():
         "max_message_size": 10485760,
         "max_depth": 100000,
         "message_ttl": "168h",
+        "overflow": "reject-publish",
     }
     assert q.retry.model_dump(mode="json") == {
         "max_retries": 10,
         "initial_backoff": "5s",
         "max_backoff": "5m",
         "multiplier": 2.0,
+        "nack_backoff": False,
     }
-    assert q.dlq.enabled and q.dlq.topic == "" and q.dlq_queue == "$dlq/orders"
+    assert q.dlq.enabled and q.dlq.topic == "" and q.dlq_queue == "$dlq/orders" and not q.dlq.expired
     assert q.retention.model_dump(mode="json") == {"max_age": "0s", "max_length_bytes": 0, "max_length_messages": 0}
     assert q.replication.enabled is False
 
@@ -151,6 +169,8 @@ def test_every_key_loads(tmp_path):
           delivery_batch: 1
           retention_interval: 10s
           ephemeral_grace: 0
+          auto_create: transient
+          transient_max_bytes: 1000
           heartbeat_interval: 1s
           heartbeat_timeout: 3s
           max_groups_per_stream: 2
@@ -162,9 +182,9 @@ def test_every_key_loads(tmp_path):
             primary_group: g
             partitions: 3
             segment_size: 10
-            limits: {max_message_size: 0, max_depth: 0, message_ttl: "0"}
-            retry: {max_retries: 0, initial_backoff: 100ms, max_backoff: 1s, multiplier: 1}
-            dlq: {enabled: false, topic: "$dlq/other"}
+            limits: {max_message_size: 0, max_depth: 0, message_ttl: "0", overflow: drop-head}
+            retry: {max_retries: 0, initial_backoff: 100ms, max_backoff: 1s, multiplier: 1, nack_backoff: true}
+            dlq: {enabled: false, topic: "$dlq/other", expired: true}
             retention: {max_age: 1W, max_length_bytes: 1000, max_length_messages: 10}
             replication: {enabled: true, group: r, mode: async, ack_timeout: 1s,
                           replication_factor: 1, min_in_sync_replicas: 1}
@@ -174,7 +194,11 @@ def test_every_key_loads(tmp_path):
     q = c.queues[0]
     assert q.limits.message_ttl == timedelta(0) and q.dlq_queue is None
     assert c.listeners.addresses()["mqtt"] == ("::1", 0)
-    assert c.warnings() == ["queues[0].replication is ignored by fluxpg (PostgreSQL replication applies instead)"]
+    assert (c.queue_manager.auto_create, c.queue_manager.transient_max_bytes) == ("transient", 1000)
+    assert (q.limits.overflow, q.retry.nack_backoff, q.dlq.expired) == ("drop-head", True, True)
+    assert c.warnings() == ["queues[0].replication is ignored by fluxpg (PostgreSQL replication applies instead)",
+                            "queue_manager.ephemeral_grace is ignored: in-memory ephemeral queues were replaced "
+                            "by transient queues (see queue_manager.auto_create)"]
 
 
 # ----------------------------------------------------------------------------- errors
@@ -407,9 +431,11 @@ def test_parsed_durations_format_stably(parts):
 def test_to_settings_defaults():
     settings = QueueConfig(name="orders").to_settings(QueueManagerConfig())
     assert settings == {
-        "limits": {"max_message_size": 10485760, "max_depth": 100000, "message_ttl": "168h"},
-        "retry": {"max_retries": 10, "initial_backoff": "5s", "max_backoff": "5m", "multiplier": 2.0},
-        "dlq": {"enabled": True, "topic": ""},  # "" = $dlq/orders, as in SQL
+        "limits": {"max_message_size": 10485760, "max_depth": 100000, "message_ttl": "168h",
+                   "overflow": "reject-publish"},
+        "retry": {"max_retries": 10, "initial_backoff": "5s", "max_backoff": "5m", "multiplier": 2.0,
+                  "nack_backoff": False},
+        "dlq": {"enabled": True, "topic": "", "expired": False},  # "" = $dlq/orders, as in SQL
         "retention": {"max_age": "0s", "max_length_bytes": 0, "max_length_messages": 0},  # classic: no age limit
         "primary_group": "",
         "partitions": 1,
@@ -440,7 +466,7 @@ def test_to_settings_from_file(tmp_path):
     settings = c.queues[0].to_settings(c.queue_manager)
     assert settings["retention"]["max_age"] == "168h"
     assert settings["limits"]["message_ttl"] == "0s"
-    assert settings["dlq"] == {"enabled": True, "topic": "dead"}
+    assert settings["dlq"] == {"enabled": True, "topic": "dead", "expired": False}
     assert settings["delivery"] == {"visibility_timeout": "1m30s", "max_pending": 7, "auto_commit_interval": "5s",
                                      "member_timeout": "30s", "max_groups": 50}
     assert (settings["primary_group"], settings["partitions"]) == ("billing", 2)

@@ -36,13 +36,11 @@ from fluxpg.protocols.amqp091.exchanges import EXCHANGE_TYPES, Binding, Exchange
 from fluxpg.protocols.amqp091.framing import (ACCESS_REFUSED, COMMAND_INVALID, CONTENT_TOO_LARGE,
                                               FRAME_BODY, FRAME_HEADER, FRAME_METHOD, INTERNAL_ERROR,
                                               NO_ROUTE, NOT_ALLOWED, NOT_FOUND, NOT_IMPLEMENTED,
-                                              PRECONDITION_FAILED, RESOURCE_ERROR, UNEXPECTED_FRAME, AMQPError,
-                                              channel_error, connection_error)
+                                              PRECONDITION_FAILED, RESOURCE_ERROR, RESOURCE_LOCKED,
+                                              UNEXPECTED_FRAME, AMQPError, channel_error, connection_error)
 from fluxpg.protocols.amqp091.properties import delivery_properties, headers_from_properties
-from fluxpg.queues import classic as classic_ops
-from fluxpg.queues import stream as stream_ops
 from fluxpg.delivery import Delivery, parse_message_id
-from fluxpg.errors import (FluxError, InvalidArgument, PayloadTooLarge, QueueFull, Unavailable,
+from fluxpg.errors import (FluxError, InvalidArgument, PayloadTooLarge, QueueFull, ResourceLocked, Unavailable,
                            UnknownQueue, WrongQueueKind)
 from fluxpg.topics import (QUEUE_PREFIX, ack_verb, internal_group_name, parse_queue_topic,
                            split_queue_subscription, validate_queue_name, validate_topic_name)
@@ -71,6 +69,8 @@ def _error_from_flux(exc: FluxError, method) -> AMQPError:
     """A queue-engine error as the channel exception RabbitMQ would raise."""
     if isinstance(exc, UnknownQueue):
         return channel_error(NOT_FOUND, str(exc), method)
+    if isinstance(exc, ResourceLocked):
+        return channel_error(RESOURCE_LOCKED, str(exc), method)
     if isinstance(exc, Unavailable):
         return channel_error(INTERNAL_ERROR, f"database unavailable: {exc}", method)
     return channel_error(PRECONDITION_FAILED, str(exc), method)
@@ -210,6 +210,10 @@ class Channel:
         self._drop_partial()
         consumers = list(self.consumers.values())
         self.consumers.clear()
+        # Claimed for this channel but held back by its prefetch: never sent, back at once.
+        for c, d in self._held:
+            if c.kind == "classic":
+                self._settle.append(("release", d.queue, d.group, d.partition, d.seq))
         self._held.clear()
         for c in consumers:
             self._drop_exclusive(c)
@@ -222,8 +226,9 @@ class Channel:
         if self.tx is not None:
             self._tx_undo()   # an open transaction is rolled back: its acks never happened
         if self.unacked:
+            # Requeued at once, in delivery-tag (= offset) order, no backoff (fluxpg.release).
             for entry in self.unacked.values():
-                self._settle.append(("nack", entry.queue, entry.group, entry.partition, entry.seq))
+                self._settle.append(("release", entry.queue, entry.group, entry.partition, entry.seq))
             self.unacked.clear()
             await self._flush_settle()
         self.state = "closed"
@@ -355,101 +360,130 @@ class Channel:
             raise channel_error(PRECONDITION_FAILED, str(exc), m) from None
         return queue, topic_filter, explicit
 
-    def _exists(self, queue: str) -> str | None:
-        """'durable' | 'ephemeral' | None."""
-        if self.manager.queue_info(queue) is not None:
-            return "durable"
-        if queue in self.manager.ephemeral.queues:
-            return "ephemeral"
-        return None
-
-    async def _lookup(self, queue: str) -> str | None:
-        found = self._exists(queue)
-        if found is None:
+    async def _lookup(self, queue: str):
+        """The queue's QueueInfo (durable, stream or transient), or None."""
+        info = self.manager.queue_info(queue)
+        if info is None:
             # Another node (or the CLI) may have declared it since our last reload.
             await self.manager.reload_queues()
-            found = self._exists(queue)
-        return found
+            info = self.manager.queue_info(queue)
+        return info
 
-    async def _depth(self, queue: str) -> int:
+    def _check_exclusive(self, info, m) -> None:
+        """An exclusive queue is for its own connection only (RabbitMQ: 405 RESOURCE_LOCKED)."""
+        if info is not None and info.owner is not None and info.owner != self.conn.owner:
+            raise channel_error(RESOURCE_LOCKED, f"cannot obtain exclusive access to locked queue '{info.name}'. "
+                                "It could be originally declared on another connection or the exclusive "
+                                "property value does not match that of the original declaration.", m)
+
+    async def _counts(self, queue: str) -> tuple[int, int]:
+        """(message_count, consumer_count) as declare-ok reports them: messages the queue's
+        default group (its name, what AMQP consumers join) can still get, consumers on it."""
         try:
-            for row in await self.manager.queue_stats():
-                if row["queue"] == queue:
-                    return max(int(row["depth"] or 0), 0)
-        except Exception as exc:  # noqa: BLE001 - a count is informative; the declare still succeeds
-            log.warning("queue depth of %s unavailable: %s", queue, exc)
-        return 0
+            ready = await self.manager.ready_count(queue)
+        except FluxError as exc:  # a count is informative; the declare still succeeds
+            log.warning("message count of %s unavailable: %s", queue, exc)
+            ready = 0
+        return ready, self.manager.consumer_count(queue)
 
-    def _consumer_count(self, queue: str) -> int:
-        return sum(1 for s in self.manager.subscriptions if s.queue == queue)
-
-    async def _declare_ok(self, m, queue: str, kind: str) -> None:
+    async def _declare_ok(self, m, queue: str) -> None:
         if m.nowait:
             return
-        if kind == "ephemeral":
-            eq = self.manager.ephemeral.get(queue, create=False)
-            count = len(eq.buffer) if eq is not None else 0
-        else:
-            count = await self._depth(queue)
-        self.conn.write(framing.method_frame(self.id, framing.build(Queue.DeclareOk, queue, count, self._consumer_count(queue))))
+        count, consumers = await self._counts(queue)
+        self.conn.write(framing.method_frame(self.id, framing.build(Queue.DeclareOk, queue, count, consumers)))
+
+    def _queue_config(self, name: str, args: dict, m):
+        """QueueConfig from the declare arguments, with x-dead-letter-exchange resolved to a
+        queue now (exchanges are per-connection; the SQL engine dead-letters by queue)."""
+        try:
+            qc = queue_config_from_amqp_args(name, args)
+        except InvalidArgument as exc:
+            raise channel_error(PRECONDITION_FAILED, str(exc), m) from None
+        if "x-dead-letter-exchange" in args:
+            dlx = self._exchange_name(_text_arg(args["x-dead-letter-exchange"]))
+            dlrk = _text_arg(args["x-dead-letter-routing-key"]) if "x-dead-letter-routing-key" in args else None
+            if dlx == "":
+                target = dlrk or None
+                if target is not None and target.startswith(QUEUE_PREFIX):
+                    target = parse_queue_topic(target).queue
+            else:
+                routed = sorted(self.conn.exchanges.route(dlx, dlrk if dlrk is not None else name, {}))
+                target = routed[0] if routed else None
+            # Dead letters go to that queue; expired messages are dead-lettered too (RabbitMQ).
+            # No target: fluxpg's own `$dlq/<queue>` keeps them (never dropped).
+            qc = qc.model_copy(update={"dlq": qc.dlq.model_copy(update={"enabled": True, "topic": target or "",
+                                                                         "expired": True})})
+        return qc
 
     async def _queue_declare(self, m: Queue.Declare) -> None:
         raw = m.queue or ""
         args = dict(m.arguments or {})
         if raw == "":
-            # Server-named queues are private, short-lived: an ephemeral (in-memory) queue.
+            # Server-named: a transient queue (like RabbitMQ's amq.gen-…, it does not survive a restart).
             name = f"amq.gen-{uuid.uuid4().hex}"
-            self._authorize("configure", name, m)
-            self.manager.ephemeral.get(name)
-            self.conn.ephemeral_declared.add(name)
-            return await self._declare_ok(m, name, "ephemeral")
-        name = raw[len(QUEUE_PREFIX):] if raw.startswith(QUEUE_PREFIX) else raw
-        try:
-            validate_queue_name(name)
-        except InvalidArgument as exc:
-            raise channel_error(PRECONDITION_FAILED, str(exc), m) from None
-        if name.startswith("amq.") and not m.passive:
-            # Reserved for server-named queues (RabbitMQ); a passive check of one is fine.
-            raise channel_error(ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'", m)
+        else:
+            name = raw[len(QUEUE_PREFIX):] if raw.startswith(QUEUE_PREFIX) else raw
+            try:
+                validate_queue_name(name)
+            except InvalidArgument as exc:
+                raise channel_error(PRECONDITION_FAILED, str(exc), m) from None
+            if name.startswith("amq.") and not m.passive:
+                # Reserved for server-named queues (RabbitMQ); a passive check of one is fine.
+                raise channel_error(ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'", m)
         # A passive declare reveals depth and consumers (read); any other declare may create (configure).
         self._authorize("read" if m.passive else "configure", name, m)
-        found = await self._lookup(name)
+        info = await self._lookup(name) if raw else None
+        self._check_exclusive(info, m)
         if m.passive:
-            if found is None:
+            if info is None:
                 raise channel_error(NOT_FOUND, f"no queue '{name}'", m)
-            return await self._declare_ok(m, name, found)
-        if "x-queue-type" in args and found == "durable":
+            return await self._declare_ok(m, name)
+        if "x-queue-type" in args and info is not None:
             wanted = _text_arg(args["x-queue-type"]).strip().lower()
             wanted = "classic" if wanted == "quorum" else wanted
-            info = self.manager.queue_info(name)
-            if info is not None and wanted != info.kind:
+            if wanted != info.kind:
                 raise channel_error(PRECONDITION_FAILED, f"inequivalent arg 'x-queue-type' for queue '{name}': "
                                     f"received '{wanted}' but current is '{info.kind}'", m)
-        if found is not None:
+        if info is not None:
             # Existing queues keep their settings (the config or the first declare made them);
             # a re-declare does not reset e.g. a configured retry policy.
-            return await self._declare_ok(m, name, found)
-        if m.exclusive or m.auto_delete:
-            # Exclusive / auto-delete queues are FluxMQ ephemeral queues: in memory, best effort.
-            self.manager.ephemeral.get(name)
-            self.conn.ephemeral_declared.add(name)
-            return await self._declare_ok(m, name, "ephemeral")
+            return await self._declare_ok(m, name)
+        qc = self._queue_config(name, args, m)
+        transient = raw == "" or m.exclusive or m.auto_delete or not m.durable
         try:
-            qc = queue_config_from_amqp_args(name, args)
-            await self.manager.declare_queue(qc)
+            if transient:
+                # Exclusive / auto-delete / non-durable / server-named: a transient queue, full
+                # classic semantics, gone with its connection (exclusive), its last consumer
+                # (auto-delete) or at the latest its node.
+                if qc.type != "classic":
+                    raise channel_error(PRECONDITION_FAILED, f"a {qc.type} queue must be durable, not "
+                                        "exclusive or auto-delete", m)
+                await self.manager.declare_transient(name, owner=self.conn.owner if m.exclusive else None,
+                                                     auto_delete=bool(m.auto_delete), config=qc)
+                if m.exclusive:
+                    self.conn.exclusive_queues.add(name)
+            elif self.manager.qm.auto_create == "off":
+                raise channel_error(NOT_FOUND, f"no queue '{name}' (queue_manager.auto_create is off: queues "
+                                    "come from the config)", m)
+            elif self.manager.qm.auto_create == "transient" and qc.type == "classic":
+                await self.manager.declare_transient(name, config=qc)
+            else:
+                await self.manager.declare_queue(qc)
         except WrongQueueKind as exc:
             raise channel_error(PRECONDITION_FAILED, str(exc), m) from None
         except FluxError as exc:
             raise _error_from_flux(exc, m) from None
-        await self._declare_ok(m, name, "durable")
+        await self._declare_ok(m, name)
 
     async def _queue_bind(self, m: Queue.Bind) -> None:
         queue, _f, _e = self._queue_name(m.queue or "", m)
         exchange = self._exchange_name(m.exchange)
         self._require_exchange(exchange, m)
         self._authorize("read", queue, m)   # the answer tells whether the queue exists
-        if await self._lookup(queue) is None:
+        info = await self._lookup(queue)
+        if info is None:
             raise channel_error(NOT_FOUND, f"no queue '{queue}'", m)
+        self._check_exclusive(info, m)
         self.conn.exchanges.bind(Binding(exchange, queue, m.routing_key or "", freeze_args(m.arguments)))
         if not m.nowait:
             self.conn.write(framing.method_frame(self.id, Queue.BindOk()))
@@ -477,25 +511,18 @@ class Channel:
     async def _queue_delete(self, m: Queue.Delete) -> None:
         queue, _f, _e = self._queue_name(m.queue or "", m)
         self._authorize("configure", queue, m)
-        found = await self._lookup(queue)
+        info = await self._lookup(queue)
         count = 0
-        if found == "durable":
-            # Drops the queue with its segments (fluxpg.delete_queue); its consumers everywhere
-            # get basic.cancel. Queues of the config file are refused (406).
+        if info is not None:
+            # Drops the queue with its messages (fluxpg.delete_queue: segments of a durable queue,
+            # rows of a transient one); its consumers everywhere get basic.cancel. Queues of the
+            # config file are refused (406); an exclusive queue of another connection is 405.
+            self._check_exclusive(info, m)
             try:
                 count = await self.manager.delete_queue(queue, if_unused=bool(m.if_unused), if_empty=bool(m.if_empty))
             except FluxError as exc:
                 raise _error_from_flux(exc, m) from None
-        if found == "ephemeral":
-            eq = self.manager.ephemeral.get(queue, create=False)
-            if eq is not None:
-                if m.if_unused and eq.consumers:
-                    raise channel_error(PRECONDITION_FAILED, f"queue '{queue}' in use", m)
-                if m.if_empty and eq.buffer:
-                    raise channel_error(PRECONDITION_FAILED, f"queue '{queue}' not empty", m)
-                count = len(eq.buffer)
-                if not eq.consumers:
-                    self.manager.ephemeral.queues.pop(queue, None)
+            self.conn.exclusive_queues.discard(queue)
         self.conn.exchanges.unbind_queue(queue)
         if not m.nowait:
             self.conn.write(framing.method_frame(self.id, Queue.DeleteOk(count)))
@@ -634,7 +661,9 @@ class Channel:
                     return
             topics = [topic] if topic and self._routable(topic) else []
             if topic and not topics and not m.mandatory:
-                topics = [topic]   # FluxMQ: an ephemeral queue (or the reserved queue) takes it
+                # Not mandatory: queue_manager.auto_create decides (durable: the queue is created;
+                # off: 404). Mandatory and no such queue: returned below (aio-pika's RPC relies on it).
+                topics = [topic]
         else:
             headers = dict(getattr(props, "headers", None) or {})
             queues = self.conn.exchanges.route(exchange, rk, headers)
@@ -655,6 +684,11 @@ class Channel:
                 parse_queue_topic(topic) if topic.startswith(QUEUE_PREFIX) else None
             except InvalidArgument as exc:
                 raise channel_error(PRECONDITION_FAILED, str(exc), m) from None
+        expiration = getattr(props, "expiration", None)
+        if expiration not in (None, "") and not (isinstance(expiration, str) and expiration.isdigit()):
+            # As RabbitMQ: the per-message TTL is milliseconds as a decimal string.
+            raise channel_error(PRECONDITION_FAILED, f"invalid expiration '{expiration}': expected milliseconds "
+                                "as a string of digits", m)
         stored = headers_from_properties(props, m.exchange or "", rk)
         if entry is None:
             for topic in topics:
@@ -669,12 +703,12 @@ class Channel:
 
     def _routable(self, topic: str) -> bool:
         """Does a default-exchange topic reach a queue that exists (not only the reserved
-        catch-all queue, and not an ephemeral queue nobody declared)?"""
+        catch-all queue)?"""
         try:
             named = parse_queue_topic(topic).queue
         except InvalidArgument:
             return False
-        if self.manager.queue_info(named) is not None or named in self.manager.ephemeral.queues:
+        if self.manager.queue_info(named) is not None:
             return True
         # Another queue bound to this topic by its own patterns counts, a catch-all does not
         # (the reserved `mqtt` queue on `$queue/#` would otherwise make everything routable).
@@ -894,14 +928,15 @@ class Channel:
         self._authorize("consume", subscription(queue, topic_filter), m, group=group)
         found = await self._lookup(queue)
         if found is None and not explicit:
-            # A bare name must exist (RabbitMQ); `$queue/<name>` may create an ephemeral queue (FluxMQ).
+            # A bare name must exist (RabbitMQ); `$queue/<name>` is created on first use as
+            # queue_manager.auto_create says (FluxMQ).
             raise channel_error(NOT_FOUND, f"no queue '{queue}'", m)
+        self._check_exclusive(found, m)
         holder = self.manager.exclusive_consumers.get(queue)
         if holder is not None or (m.exclusive and any(s.queue == queue for s in self.manager.subscriptions)):
             # RabbitMQ: an exclusive consumer is the queue's only consumer, both ways round.
             raise channel_error(ACCESS_REFUSED, f"queue '{queue}' in exclusive use", m)
-        consumer = Consumer(tag, queue, "ephemeral" if found != "durable" else self.manager.queue_info(queue).kind,
-                            bool(m.no_ack))
+        consumer = Consumer(tag, queue, found.kind if found is not None else "classic", bool(m.no_ack))
         if m.no_ack:
             credit = None
         elif self.prefetch:
@@ -939,7 +974,15 @@ class Channel:
         consumer = self.consumers.pop(m.consumer_tag, None)
         if consumer is not None:
             self._drop_exclusive(consumer)
+            # Deliveries held back by the channel's prefetch never reached the client: they go
+            # back at once. Delivered, unacknowledged ones stay the client's (it may still ack
+            # them after cancel-ok, as with RabbitMQ); they come back on recover, nack or when
+            # the channel closes or the connection is lost.
+            held = [d for c, d in self._held if c is consumer]
             self._held = deque(h for h in self._held if h[0] is not consumer)
+            for d in held:
+                if consumer.kind == "classic":
+                    self._settle_op("release", d.queue, d.group, d.partition, d.seq)
             if consumer.sub is not None:
                 await consumer.sub.close()
         if not m.nowait:
@@ -957,9 +1000,9 @@ class Channel:
 
     def _on_delivery(self, consumer: Consumer, d: Delivery):
         if self.state != "open" or self.consumers.get(consumer.tag) is not consumer:
-            if not consumer.no_ack and consumer.kind == "classic":
+            if consumer.kind == "classic":
                 # Not handed out: give it back now rather than after the visibility timeout.
-                self._settle_op("nack", d.queue, d.group, d.partition, d.seq)
+                self._settle_op("release", d.queue, d.group, d.partition, d.seq)
             return None
         if (self.global_prefetch and not consumer.no_ack and (self._held or
                                                               len(self.unacked) >= self.global_prefetch)):
@@ -974,8 +1017,7 @@ class Channel:
         frames = (framing.method_frame(self.id, framing.build(Basic.Deliver, consumer.tag, tag, d.redelivered, exchange, rk))
                   + framing.content_frames(self.id, props, d.payload, self.conn.frame_max))
         if consumer.no_ack:
-            if consumer.kind != "ephemeral":
-                self._settle_op("ack", d.queue, d.group, d.partition, d.seq)
+            self._settle_op("ack", d.queue, d.group, d.partition, d.seq)
         else:
             self.unacked[tag] = Unacked(d.queue, d.group, d.partition, d.seq, consumer)
         self.conn.write(frames)
@@ -990,26 +1032,21 @@ class Channel:
             if self.consumers.get(consumer.tag) is consumer:
                 self._send_delivery(consumer, d)
             elif consumer.kind == "classic":
-                self._settle_op("nack", d.queue, d.group, d.partition, d.seq)
+                self._settle_op("release", d.queue, d.group, d.partition, d.seq)
 
     async def _basic_get(self, m: Basic.Get) -> None:
         queue, topic_filter, _explicit = self._queue_name(m.queue or "", m)
         self._authorize("consume", subscription(queue, topic_filter), m, group=queue)
-        found = await self._lookup(queue)
-        if found is None:
+        info = await self._lookup(queue)
+        if info is None:
             raise channel_error(NOT_FOUND, f"no queue '{queue}'", m)
-        deliveries: list[Delivery] = []
-        if found == "durable":
-            info = self.manager.queue_info(queue)
-            try:
-                group = internal_group_name(queue, topic_filter)
-            except InvalidArgument as exc:
-                raise channel_error(PRECONDITION_FAILED, str(exc), m) from None
-            consumer = f"amqp:{self.conn.id}:{self.id}:get"
-            if info.kind == "classic":
-                deliveries = await classic_ops.claim(self.manager.pool, queue, group, consumer, 1)
-            else:
-                deliveries = await stream_ops.read(self.manager.pool, queue, group, consumer, 1)
+        self._check_exclusive(info, m)
+        try:
+            group = internal_group_name(queue, topic_filter)
+        except InvalidArgument as exc:
+            raise channel_error(PRECONDITION_FAILED, str(exc), m) from None
+        consumer = f"amqp:{self.conn.id}:{self.id}:get"
+        deliveries = await self.manager.get(queue, group, consumer)
         if not deliveries:
             self.conn.write(framing.method_frame(self.id, Basic.GetEmpty()))
             return
@@ -1021,8 +1058,8 @@ class Channel:
             self._settle_op("ack", d.queue, d.group, d.partition, d.seq)
         else:
             self.unacked[tag] = Unacked(d.queue, d.group, d.partition, d.seq, None)
-        # message-count (messages left) is not computed per get: reported as 0.
-        self.conn.write(framing.method_frame(self.id, framing.build(Basic.GetOk, tag, d.redelivered, exchange, rk, 0))
+        left, _consumers = await self._counts(queue)
+        self.conn.write(framing.method_frame(self.id, framing.build(Basic.GetOk, tag, d.redelivered, exchange, rk, left))
                         + framing.content_frames(self.id, props, d.payload, self.conn.frame_max))
 
     # ------------------------------------------------------------------ acknowledgements
@@ -1044,18 +1081,16 @@ class Channel:
         if self.tx is not None and transactional:
             # In a transaction: applied at tx.commit; the window frees up then, too.
             for tag, e in taken:
-                if e.consumer is None or e.consumer.kind != "ephemeral":
-                    if verb == "ack":
-                        self.tx.ack(e.queue, e.group, [e.seq], e.partition)
-                    elif verb == "nack":
-                        self.tx.nack(e.queue, e.group, [e.seq], e.partition)
-                    else:
-                        self.tx.reject(e.queue, e.group, [e.seq], "rejected by AMQP client", e.partition)
+                if verb == "ack":
+                    self.tx.ack(e.queue, e.group, [e.seq], e.partition)
+                elif verb == "nack":
+                    self.tx.nack(e.queue, e.group, [e.seq], e.partition)
+                else:
+                    self.tx.reject(e.queue, e.group, [e.seq], "rejected by AMQP client", e.partition)
                 self._tx_acked.append((tag, e))
             return
         for _tag, e in taken:
-            if e.consumer is None or e.consumer.kind != "ephemeral":
-                self._settle_op(verb, e.queue, e.group, e.partition, e.seq)
+            self._settle_op(verb, e.queue, e.group, e.partition, e.seq)
         self._grant([e for _tag, e in taken])
 
     def _grant(self, entries: list[Unacked]) -> None:
@@ -1074,11 +1109,11 @@ class Channel:
         self._settle_entries("nack" if m.requeue else "reject", self._take(m.delivery_tag, False, m))
 
     async def _basic_recover(self, m) -> None:
-        # Redeliver everything unacknowledged (requeue=false is not supported by RabbitMQ either).
+        # Redeliver everything unacknowledged, at once and in order (requeue=false is not
+        # supported by RabbitMQ either). basic.recover is not transactional (RabbitMQ): now.
         entries = list(self.unacked.items())
         self.unacked.clear()
-        # basic.recover is not transactional (RabbitMQ): it redelivers now.
-        self._settle_entries("nack", entries, transactional=False)
+        self._settle_entries("release", entries, transactional=False)
         if isinstance(m, Basic.Recover):
             await self._flush_settle()
             self.conn.write(framing.method_frame(self.id, Basic.RecoverOk()))
@@ -1114,6 +1149,8 @@ class Channel:
                         await self.manager.ack(queue, group, seqs, partition=partition)
                     elif verb == "nack":
                         await self.manager.nack(queue, group, seqs, partition=partition)
+                    elif verb == "release":
+                        await self.manager.release(queue, group, seqs, partition=partition)
                     else:
                         await self.manager.reject(queue, group, seqs, "rejected by AMQP client",
                                                   partition=partition)

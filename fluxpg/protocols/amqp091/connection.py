@@ -71,7 +71,8 @@ class Connection:
         self.client_properties: dict[str, Any] = {}
         self.channels: dict[int, Channel] = {}
         self.exchanges = ExchangeTable()
-        self.ephemeral_declared: set[str] = set()
+        # Exclusive (transient) queues this connection declared: deleted when it ends.
+        self.exclusive_queues: set[str] = set()
         self.reserved_queues = {q.name for q in ctx.config.effective_queues() if q.reserved} \
             if ctx.config is not None else set()
         self.finished = False
@@ -279,6 +280,18 @@ class Connection:
         self.channels.clear()
         for ch in channels:
             await ch.connection_lost()
+        # After the channels requeued what they held: an exclusive queue goes with its connection.
+        exclusive, self.exclusive_queues = self.exclusive_queues, set()
+        for name in exclusive:
+            try:
+                await self.ctx.manager.delete_transient(name)
+            except Exception as exc:  # noqa: BLE001 - it goes with the node at the latest
+                log.warning("amqp091 %s: deleting exclusive queue %r failed: %s", self.name, name, exc)
+
+    @property
+    def owner(self) -> str:
+        """This connection as the owner of exclusive queues (unique across nodes)."""
+        return f"{self.ctx.manager.node_id}:{self.id}"
 
     async def shutdown(self) -> None:
         """The socket is gone or the handler is ending: release everything."""

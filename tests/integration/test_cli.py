@@ -435,17 +435,24 @@ def test_serve_embedded_stops_cleanly(private_tmp, sig):
     env.pop("FLUXPG_TEST_DSN", None)
     data_dir = private_tmp / "data" / "fluxpg" / "pgdata"
     port = free_port()
-    proc = subprocess.Popen([*CLI, "serve", *only_http(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=env, cwd=private_tmp)
+    config = private_tmp / "fluxpg.yaml"
+    config.write_text("queues:\n  - name: mqtt\n")
+    proc = subprocess.Popen([*CLI, "serve", *only_http(port), "--config", str(config)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env, cwd=private_tmp)
     try:
         wait_healthy(proc, port)
         assert postgres_processes(data_dir), "the embedded server runs in the user's data directory"
         # Other commands reach the running embedded server through its socket.
         queues = run("queues", "--json", env=env)
         assert queues.returncode == 0, queues.stderr
-        assert [q["queue"] for q in json.loads(queues.stdout)] == ["mqtt"]  # the reserved default queue
+        # The configured queue only: there is no implicit catch-all any more.
+        assert [q["queue"] for q in json.loads(queues.stdout)] == ["mqtt"]
         published = run("publish", "$queue/mqtt/hello", "persisted", env=env)
         assert published.stdout.decode().split() == ["mqtt:0"]
+        # The SQL API does not auto-create (queue_manager.auto_create is the broker's): refused, clearly.
+        refused = run("publish", "$queue/nope/hello", "x", env=env)
+        assert refused.returncode != 0 and b"no queue is bound" in refused.stderr
+        assert b"Traceback" not in refused.stderr
 
         proc.send_signal(sig)
         assert proc.wait(timeout=60) == 0

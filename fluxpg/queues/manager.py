@@ -283,7 +283,8 @@ class Subscription:
             except Exception as exc:  # noqa: BLE001 - the member times out instead
                 log.warning("leaving %s/%s failed: %s", self.queue, self.group, exc)
         # Classic members stay: their node's death must still release their pending entries.
-        await self.manager._detach(self)
+        self.manager._detach(self)
+        await self.manager._auto_delete(self)
 
 
 class QueueManager:
@@ -683,8 +684,10 @@ class QueueManager:
         sub.start()
         return sub
 
-    async def _detach(self, sub: Subscription) -> None:
+    def _detach(self, sub: Subscription) -> None:
         self.subscriptions.discard(sub)
+
+    async def _auto_delete(self, sub: Subscription) -> None:
         info = self.queues.get(sub.queue)
         if (info is not None and info.id == sub.queue_id and info.auto_delete
                 and not any(s.queue == sub.queue for s in self.subscriptions)):

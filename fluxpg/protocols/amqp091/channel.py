@@ -427,13 +427,14 @@ class Channel:
                 validate_queue_name(name)
             except InvalidArgument as exc:
                 raise channel_error(PRECONDITION_FAILED, str(exc), m) from None
-            if name.startswith("amq.") and not m.passive:
-                # Reserved for server-named queues (RabbitMQ); a passive check of one is fine.
-                raise channel_error(ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'", m)
         # A passive declare reveals depth and consumers (read); any other declare may create (configure).
         self._authorize("read" if m.passive else "configure", name, m)
         info = await self._lookup(name) if raw else None
         self._check_exclusive(info, m)
+        if raw and info is None and name.startswith("amq.") and not m.passive:
+            # Reserved for server-named queues (RabbitMQ checks this for new queues only: an
+            # existing exclusive one of another connection is 405 first).
+            raise channel_error(ACCESS_REFUSED, f"queue name '{name}' contains reserved prefix 'amq.*'", m)
         if m.passive:
             if info is None:
                 raise channel_error(NOT_FOUND, f"no queue '{name}'", m)

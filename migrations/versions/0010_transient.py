@@ -2,22 +2,22 @@
 UNLOGGED default partition of the log that holds transient queues' messages, and the trigger that
 removes a transient queue's messages with it.
 
-Revision ID: 0007_transient
-Revises: 0006_redrive
+Revision ID: 0010_transient
+Revises: 0009_mqtt_sessions
 Create Date: 2026-11-23
 """
 from alembic import op
 
 from fluxpg.db import run_sql_file
 
-revision = "0007_transient"
-down_revision = "0006_redrive"
+revision = "0010_transient"
+down_revision = "0009_mqtt_sessions"
 branch_labels = None
 depends_on = None
 
 
 def upgrade() -> None:
-    run_sql_file(op.get_bind(), "0007_transient.sql")
+    run_sql_file(op.get_bind(), "0010_transient.sql")
 
 
 def downgrade() -> None:

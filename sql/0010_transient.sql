@@ -1,4 +1,4 @@
--- Transient queues (issue 11, migration 0007_transient): queues that live until their node stops
+-- Transient queues (issue 11, migration 0010_transient): queues that live until their node stops
 -- (AMQP 0-9-1 exclusive / auto-delete / non-durable / server-named queues, AMQP 1.0 dynamic
 -- nodes, `queue_manager.auto_create: transient`), with the classic queue's semantics because the
 -- SAME SQL functions drive them: a transient queue is a classic row in fluxpg.queues, with a head,

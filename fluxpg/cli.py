@@ -669,6 +669,12 @@ async def _serve_here(dsn: str, config: Config, overrides: dict[str, str | None]
         ports = ", ".join(f"{LISTENER_TITLES.get(name, name)} {listener.host}:{listener.port} (--{name})"
                           for name, listener in server.listeners.items())
         log.info("ready: node %s (pid %d), %s", server.manager.node_id, os.getpid(), ports or "no listeners")
+        http = server.listeners.get("http")
+        if http is not None and config.console.enabled:
+            scheme = "https" if http.ssl is not None else "http"
+            host = "127.0.0.1" if http.host in ("0.0.0.0", "", "::") else http.host
+            log.info("console: %s://%s:%d/%s", scheme, host if ":" not in host else f"[{host}]", http.port,
+                     "" if config.auth is not None else " (auth off: private addresses only)")
         if on_ready is not None:
             on_ready(server)
         waiters = [asyncio.ensure_future(signals.stop.wait())]

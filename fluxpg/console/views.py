@@ -251,7 +251,8 @@ async def login(request: web.Request) -> web.Response:
         target = "/"        # only our own pages: no open redirect
     from fluxpg.auth import AuthError  # noqa: PLC0415
 
-    peer = request.remote
+    peername = request.transport.get_extra_info("peername") if request.transport else None
+    peer = f"{peername[0]}:{peername[1]}" if isinstance(peername, tuple) else None   # failure delays count per host
     try:
         principal = await console.ctx.auth.authenticate(user or None, password, protocol="http", peer=peer)
     except AuthError:

@@ -823,8 +823,10 @@ class Connection:
         sess.expiry_interval = expiry
         router.sessions[client_id] = sess
         self.session = sess
-        if expiry > 0 and router.store is not None:
-            # The session row (with this connection's will) is committed before CONNACK.
+        if (expiry > 0 or self.will is not None) and router.store is not None:
+            # The session row (with this connection's will) is committed before CONNACK. A clean
+            # session gets a row only for its will: if the node dies with the connection, the
+            # node that adopts the row publishes it (then the row goes, expiry 0).
             sess.stored = True
             will = self.will
             will_json = None if will is None else {

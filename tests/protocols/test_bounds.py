@@ -326,3 +326,27 @@ def test_amqp091_over_the_bound_costs_no_confirmed_message(threaded_broker, qnam
         assert err.value.reply_code == 506
     rows = [r for r in srv.call(srv.manager.queue_stats()) if r["queue"] == qname]
     assert rows[0]["depth"] == 5
+
+
+def test_amqp10_multi_frame_message_charged_to_the_broker_wide_bound(threaded_broker, qname):
+    """AMQP 1.0 messages being reassembled count toward bounds.broker_inbound_bytes too: over it
+    the message is rejected (amqp:resource-limit-exceeded), the link and the connection go on,
+    and the count returns to zero."""
+    from proton import Delivery, Message
+    from proton.utils import BlockingConnection
+
+    from fluxpg.config import QueueConfig
+    srv = threaded_broker(config=Config(queues=[QueueConfig(name=qname)],
+                                        bounds=BoundsConfig(broker_inbound_bytes=200_000)))
+    conn = BlockingConnection(f"amqp://127.0.0.1:{srv.port('amqp')}", timeout=10)
+    try:
+        snd = conn.create_sender(f"$queue/{qname}")
+        big = snd.send(Message(body=b"x" * 500_000), error_states=[])
+        assert big.remote_state == Delivery.REJECTED
+        assert big.remote.condition.name == "amqp:resource-limit-exceeded"
+        assert "broker_inbound_bytes" in big.remote.condition.description
+        assert snd.send(Message(body=b"small")).remote_state == Delivery.ACCEPTED
+    finally:
+        conn.close()
+    assert _broker_inbound(srv) == 0
+    assert [r["depth"] for r in srv.call(srv.manager.queue_stats()) if r["queue"] == qname] == [1]

@@ -350,3 +350,36 @@ def test_amqp10_multi_frame_message_charged_to_the_broker_wide_bound(threaded_br
         conn.close()
     assert _broker_inbound(srv) == 0
     assert [r["depth"] for r in srv.call(srv.manager.queue_stats()) if r["queue"] == qname] == [1]
+
+
+def test_mqtt_partial_packets_charged_to_the_broker_wide_bound(threaded_broker):
+    """A PUBLISH announcing 900 kB whose bytes are still arriving counts toward
+    bounds.broker_inbound_bytes; a second one that would pass it is disconnected with 0x97
+    (quota exceeded) while the first goes on; the count returns to zero when both are gone."""
+    from fluxpg.protocols.mqtt.codec import Decoder, Disconnect
+    srv = threaded_broker(config=Config(bounds=BoundsConfig(broker_inbound_bytes=1_000_000)))
+    big = encode(Publish("big/topic", b"x" * 900_000, 0), 5)
+    a, b = _connect(srv, "mqtt"), _connect(srv, "mqtt")
+    try:
+        for i, sock in enumerate((a, b)):
+            sock.sendall(encode(Connect(client_id=f"big{i}", keep_alive=60), 5))
+            assert sock.recv(100)[:1] == b"\x20"
+        a.sendall(big[:600_000])
+        wait = time.monotonic() + 5
+        while _broker_inbound(srv) < 600_000 and time.monotonic() < wait:
+            time.sleep(0.05)
+        assert _broker_inbound(srv) >= 600_000
+        b.sendall(big[:600_000])
+        answer = _read_until_closed(b)
+        dec = Decoder(version=5)
+        dec.feed(answer)
+        packets = list(dec)
+        assert isinstance(packets[-1], Disconnect) and packets[-1].reason_code == 0x97
+        a.sendall(big[600_000:])          # the first completes: nothing held any more
+        a.sendall(b"\xc0\x00")
+        a.settimeout(10)
+        assert a.recv(100) == b"\xd0\x00"
+        assert _broker_inbound(srv) == 0
+    finally:
+        a.close()
+        b.close()

@@ -48,6 +48,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from fluxpg import bounds as inbound_bounds
 from fluxpg import connections
 from fluxpg.aio import cancel_and_wait
 from fluxpg.auth import authorize, subscription
@@ -886,6 +887,15 @@ class Connection:
     # --- reading ------------------------------------------------------------------------------
 
     async def _read_loop(self) -> None:
+        # The bytes of a partially received packet count toward bounds.connection_inbound_bytes
+        # and bounds.broker_inbound_bytes (fluxpg/bounds.py), like AMQP bodies do.
+        inbound = inbound_bounds.connection_inbound(self.ctx)
+        try:
+            await self._read_packets(inbound)
+        finally:
+            inbound.close()
+
+    async def _read_packets(self, inbound: Any) -> None:
         loop = asyncio.get_running_loop()
         reader = self.reader
         decoder = self.decoder
@@ -908,6 +918,8 @@ class Connection:
                 result = handler(self, pkt)
                 if result is not None:
                     await result
+            if inbound.used > decoder.buffered:   # decoded packets are no longer held here
+                inbound.release(inbound.used - decoder.buffered)
             if self.transport.get_write_buffer_size() > 65536:
                 await self.writer.drain()
             if self.closing:
@@ -930,6 +942,15 @@ class Connection:
                 return
             self.last_rx = loop.time()
             decoder.feed(data)
+            grown = decoder.buffered - inbound.used
+            if grown > 0:
+                refused = inbound.reserve(grown)
+                if refused is not None:
+                    log.info("MQTT %s: packet refused: %s", self.client_id, refused)
+                    self._shutdown(RC.QUOTA_EXCEEDED, "inbound bytes over the broker's bound", end="error")
+                    return
+            else:
+                inbound.release(-grown)
 
     async def _watch_keep_alive(self) -> None:
         loop = asyncio.get_running_loop()

@@ -298,5 +298,23 @@ def amqp10_values(data: bytes | bytearray | memoryview, limits: Limits = DEFAULT
     return pos
 
 
+def amqp10_message(data: bytes | bytearray | memoryview, limits: Limits = DEFAULT_LIMITS) -> int:
+    """Scan a transfer's message bytes: a sequence of sections, each a described value (header,
+    properties, application-properties, data, amqp-value, …). Anything else at the top level is
+    not a message — and a thousand bare one-byte values would cost proton a thousand section
+    decodes. Returns the number of sections."""
+    end = len(data)
+    budget = _Budget(limits, end)
+    pos = 0
+    n = 0
+    while pos < end:
+        if data[pos] != 0x00:
+            raise DecodeLimitError(f"byte {pos} of the message starts no section (format code "
+                                   f"0x{data[pos]:02x}; a section is a described value)")
+        pos = _amqp10_value(data, pos, end, 0, budget)
+        n += 1
+    return n
+
+
 __all__ = ["DEFAULT_LIMITS", "DecodeLimitError", "Limits", "amqp091_content_header", "amqp091_frame",
-           "amqp091_method", "amqp091_table", "amqp10_values"]
+           "amqp091_method", "amqp091_table", "amqp10_message", "amqp10_values"]

@@ -70,3 +70,10 @@ def test_amqp10_depth_and_truncation():
         prescan.amqp10_values(b"\xb1\x00\x00\x00\x10abc")
     with pytest.raises(prescan.DecodeLimitError, match="unknown"):
         prescan.amqp10_values(b"\x3f")
+
+
+def test_amqp10_message_is_sections_only():
+    raw = Message(body="x", subject="s").encode()
+    assert prescan.amqp10_message(raw) >= 2
+    with pytest.raises(prescan.DecodeLimitError, match="starts no section"):
+        prescan.amqp10_message(raw + b"\x43" * 800)

@@ -142,7 +142,7 @@ def decode(raw: bytes, limits: prescan.Limits = prescan.DEFAULT_LIMITS) -> Messa
     them, a pre-scan bounds nesting and element counts (an array of zero-width elements
     announces billions of values in a few bytes)."""
     try:
-        prescan.amqp10_values(raw, limits)
+        prescan.amqp10_message(raw, limits)
     except prescan.DecodeLimitError as exc:
         raise MessageError(f"cannot decode the message: {exc}") from None
     view = memoryview(raw)

@@ -126,11 +126,14 @@ class Listener:
         timeout = getattr(bounds, "handshake_timeout", None)
         return timeout.total_seconds() if timeout else 0.0
 
-    def _handshake_expired(self, info: ConnectionInfo, limit: float) -> None:
+    def _handshake_expired(self, info: ConnectionInfo, limit: float, writer: asyncio.StreamWriter) -> None:
         if info.logged_in or info.task is None or info.task.done():
             return
         log.info("%s: %s connection from %s did not finish its handshake and login within %ss of accept "
                  "(bounds.handshake_timeout): closing", self.name, info.protocol, info.peer, limit)
+        # Drop the socket as well as cancelling: on Python 3.11 asyncio.wait_for can swallow a
+        # cancellation that arrives as its read completes, and the handler would read on.
+        writer.transport.abort()
         info.task.cancel()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -163,7 +166,8 @@ class Listener:
             info = self.ctx.registry.add(ConnectionInfo(
                 protocol, f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer), self.name, task=task))
             # HTTP has no login step of its own (aiohttp bounds its requests; auth is per request).
-            watchdog = (loop.call_later(max(0.0, limit - (loop.time() - accepted)), self._handshake_expired, info, limit)
+            watchdog = (loop.call_later(max(0.0, limit - (loop.time() - accepted)), self._handshake_expired, info, limit,
+                                          writer)
                         if limit and protocol != "http" else None)
             try:
                 await handler(reader, writer, initial, self.ctx)

@@ -434,11 +434,11 @@ BEGIN
   IF q.durability <> 'transient' THEN
     RAISE EXCEPTION USING ERRCODE = 'FP002', MESSAGE = format('queue %L is durable, not transient', name);
   END IF;
-  SELECT qs.depth INTO depth FROM fluxpg.queue_stats qs WHERE qs.queue = q.name;
+  depth := fluxpg._undelivered(q);   -- as delete_queue counts (not the queue_stats view: all queues)
   DELETE FROM fluxpg.queues WHERE id = q.id;   -- the trigger removes messages and pending entries
   RETURN coalesce(depth, 0);
 END $$;
-COMMENT ON FUNCTION fluxpg.delete_transient(text) IS 'Delete a transient queue with its messages; returns how many were waiting';
+COMMENT ON FUNCTION fluxpg.delete_transient(text) IS 'Delete a transient queue with its messages; returns how many were waiting (undelivered)';
 
 -- Messages of a transient queue below `floor` that no group has pending are gone for good
 -- (acknowledged by every group, or dropped by overflow): delete them and give their bytes back.

@@ -3,6 +3,7 @@ running on background loops (`threaded_broker`): pub/sub, sessions, v5 features,
 (consumer groups, acks, flow control, streams), two nodes on one database, and bad input."""
 from __future__ import annotations
 
+import asyncio
 import queue as queue_mod
 import socket
 import threading
@@ -816,3 +817,48 @@ def test_bad_credentials_refused(threaded_broker):
     assert ok.publish("allowed/x", b"yes", qos=1) == 0
     assert ok.get().payload == b"yes"
     ok.close()
+
+
+def test_default_config_confirmed_queue_publishes_survive_a_broker_restart(threaded_broker, qname):
+    """No queues configured (the default): `$queue/<name>` is a durable queue created on first
+    use, not an in-memory one. Publish while a consumer exists, stop the broker, start another:
+    every confirmed (PUBACKed) message is in fluxpg.log and is delivered."""
+    server = threaded_broker()
+    port = server.port("mqtt")
+    sub = Paho(port, client_id=f"w-{qname}")
+    assert sub.subscribe(f"$queue/{qname}/#", qos=1, props=user_props(consumer_group="workers"))[0] == 1
+    pub = Paho(port)
+    confirmed = [f"m{i}".encode() for i in range(20) if pub.publish(f"$queue/{qname}/k", f"m{i}".encode(), qos=1) == 0]
+    assert len(confirmed) == 20
+    first = [sub.get().payload for _ in range(20)]
+    assert first == confirmed                                 # delivered in order, none acked
+    sub.close()
+    pub.close()
+    dsn = server.manager.dsn
+    server.close()                                            # the broker stops
+
+    async def log_rows():
+        import asyncpg
+        conn = await asyncpg.connect(dsn)
+        try:
+            return await conn.fetch("SELECT l.payload, q.durability, l.tableoid::regclass::text AS part "
+                                    "FROM fluxpg.log l JOIN fluxpg.queues q ON q.id = l.queue_id "
+                                    "WHERE q.name = $1 ORDER BY l.seq", qname)
+        finally:
+            await conn.close()
+
+    rows = asyncio.run(log_rows())
+    assert [r["payload"] for r in rows] == confirmed
+    assert {r["durability"] for r in rows} == {"durable"} and "fluxpg.log_transient" not in {r["part"] for r in rows}
+    again = threaded_broker()                                 # a new broker process's worth of state
+    sub = Paho(again.port("mqtt"), client_id=f"w-{qname}")
+    assert sub.subscribe(f"$queue/{qname}/#", qos=1, props=user_props(consumer_group="workers"))[0] == 1
+    redelivered = [sub.get() for _ in range(20)]
+    assert [m.payload for m in redelivered] == confirmed
+    for m in redelivered:
+        p = msg_props(m)
+        assert sub.publish(f"$queue/{qname}/$ack", b"", qos=1,
+                           props=pub_props(message_id=p["message-id"], group_id=p["group-id"])) == 0
+    row = group_row(again, qname, msg_props(redelivered[0])["group-id"])
+    assert row["pending"] == 0 and row["committed"] == 20
+    sub.close()

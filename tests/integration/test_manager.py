@@ -367,3 +367,30 @@ async def test_consumer_of_a_dlq_that_does_not_exist_yet(manager_factory, qname)
     await mgr.reject(qname, "g", [d.seq], "poison")
     [dead] = await inbox.wait_for(1)
     assert dead.payload == b"bad" and dead.headers["_dlq_reason"] == "poison"
+
+
+async def test_transient_queues_of_a_dead_node_are_removed_by_the_others(manager_factory, conn, qname):
+    """A node killed without a clean stop: the others' heartbeat removes its node row, and with
+    it (ON DELETE CASCADE, then the cleanup trigger) its transient queues, messages and pending
+    entries. Durable queues are untouched."""
+    dead = await manager_factory([QueueConfig(name=qname)])
+    await dead.declare_transient(f"d-{qname}")
+    for i in range(3):
+        await dead.publish(f"$queue/d-{qname}", b"%d" % i)
+        await dead.publish(f"$queue/{qname}/k", b"%d" % i)
+    inbox = Inbox()
+    await dead.subscribe(f"d-{qname}", "g", "c", on_delivery=inbox)
+    await inbox.wait_for(3)
+    qid = dead.queue_info(f"d-{qname}").id
+    await conn.execute("UPDATE fluxpg.nodes SET last_seen_at = now() - interval '1 hour' WHERE id = $1", dead.node_id)
+    await manager_factory([QueueConfig(name=qname)], heartbeat_interval="200ms", heartbeat_timeout="1s")
+    for _ in range(100):
+        if not await conn.fetchval("SELECT count(*) FROM fluxpg.queues WHERE id = $1", qid):
+            break
+        await asyncio.sleep(0.1)
+    assert await conn.fetchval("SELECT count(*) FROM fluxpg.queues WHERE id = $1", qid) == 0
+    assert await conn.fetchval("SELECT count(*) FROM fluxpg.log_transient WHERE queue_id = $1", qid) == 0
+    assert await conn.fetchval("SELECT count(*) FROM fluxpg.pending_entries WHERE queue = $1", f"d-{qname}") == 0
+    assert [r["payload"] for r in await conn.fetch(
+        "SELECT l.payload FROM fluxpg.log l JOIN fluxpg.queues q ON q.id = l.queue_id WHERE q.name = $1 ORDER BY l.seq",
+        qname)] == [b"0", b"1", b"2"]

@@ -523,6 +523,7 @@ class Connection:
         self._pipeline: asyncio.Queue[_Item] = asyncio.Queue(maxsize=options.pipeline_depth)
         self._tasks: list[asyncio.Task] = []
         self.acks = AckBatcher(ctx.manager)
+        self._lingering = False
 
     @property
     def v5(self) -> bool:
@@ -638,6 +639,16 @@ class Connection:
             pass
         finally:
             await self._cleanup()
+            if self._lingering:
+                await self._linger()
+
+    async def _linger(self) -> None:
+        """After a DISCONNECT we sent: discard input until the client closes (or the abort timer)."""
+        try:
+            while await asyncio.wait_for(self.reader.read(65536), 2.5):
+                pass
+        except (asyncio.TimeoutError, ConnectionError, asyncio.IncompleteReadError):
+            pass
 
     def _shutdown(self, reason: ReasonCode | None, message: str = "", end: str = "error") -> None:
         """Stop the connection from anywhere: DISCONNECT (v5, when a reason is given), then close."""
@@ -652,14 +663,26 @@ class Connection:
             except Exception:  # noqa: BLE001
                 pass
         self.closing = True
-        try:
-            self.writer.close()
-        except Exception:  # noqa: BLE001
-            pass
+        sent = reason is not None and self.v5 and self.session is not None
+        if sent and getattr(self.transport, "can_write_eof", lambda: False)():
+            # Lingering close: half-close after the DISCONNECT and keep reading (and discarding)
+            # until the client closes. Closing with its packets unread would reset the connection,
+            # and a client still answering earlier packets (PUBREL for our PUBRECs) would see the
+            # reset before it reads why we disconnected (Paho's test_flow_control2).
+            self._lingering = True
+            try:
+                self.writer.write_eof()
+            except Exception:  # noqa: BLE001
+                pass
+        else:
+            try:
+                self.writer.close()
+            except Exception:  # noqa: BLE001
+                pass
+            # Wake the read loop if it is waiting on the socket.
+            self.reader.feed_eof()
         # A client that stopped reading must not keep us waiting for the flush.
         asyncio.get_running_loop().call_later(2.0, self.transport.abort)
-        # Wake the read loop if it is waiting on the socket.
-        self.reader.feed_eof()
 
     async def takeover(self) -> None:
         """Another connection with our client id arrived: step aside (v5: DISCONNECT 0x8E)."""

@@ -116,6 +116,9 @@ class _Writer:
     def is_closing(self) -> bool:
         return self._closing
 
+    def can_write_eof(self) -> bool:
+        return False        # a WebSocket has no half-close: the MQTT code closes instead
+
     def write(self, data: bytes) -> None:
         if self._closing:
             return

@@ -2122,9 +2122,9 @@ DECLARE
   q fluxpg.queues := fluxpg._queue(queue);
   n bigint;
   npending bigint;
+  gids int[];
 BEGIN
   PERFORM pg_advisory_xact_lock(hashtext('fluxpg.declare_queue'), hashtext(q.name));
-  PERFORM 1 FROM fluxpg.heads WHERE queue_id = q.id ORDER BY partition FOR UPDATE;
   IF if_unused AND EXISTS (
        SELECT 1 FROM fluxpg.members m JOIN fluxpg.groups g ON g.id = m.group_id
         WHERE g.queue_id = q.id AND m.last_seen_at > now() - in_use_window
@@ -2138,9 +2138,14 @@ BEGIN
     RAISE EXCEPTION USING ERRCODE = 'FP008',
       MESSAGE = format('queue %L not empty (%s waiting, %s unacknowledged)', queue, n, npending);
   END IF;
-  -- pending has no foreign key (it is the hottest table); its rows go by group.
-  DELETE FROM fluxpg.pending p USING fluxpg.groups g WHERE g.id = p.group_id AND g.queue_id = q.id;
+  -- Lock order as an ack's (pending rows, then the head): pending first, so a consumer acking
+  -- meanwhile waits or finishes instead of deadlocking. pending has no foreign key (it is the
+  -- hottest table); its rows go by group id, once more after the cascade for entries a claim
+  -- inserted while it held a cursor row the cascade was waiting for.
+  gids := ARRAY(SELECT id FROM fluxpg.groups WHERE queue_id = q.id);
+  DELETE FROM fluxpg.pending WHERE group_id = ANY (gids);
   DELETE FROM fluxpg.queues WHERE id = q.id;          -- heads, groups, cursors, members cascade
+  DELETE FROM fluxpg.pending WHERE group_id = ANY (gids);
   -- The queue's log table with all its segments (a short lock on fluxpg.log, like retention's).
   EXECUTE format('DROP TABLE IF EXISTS fluxpg.%I CASCADE', 'log_' || q.id);
   PERFORM pg_notify('fluxpg_queues', q.id::text);

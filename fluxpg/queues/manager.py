@@ -763,11 +763,24 @@ class QueueManager:
         """Is `name` defined in the config file (a client never deletes those)?"""
         return any(q.name == name for q in self.config.effective_queues())
 
+    async def _retry_deadlock(self, query: str, *args: Any, attempts: int = 5) -> Any:
+        """Purge and delete lock a queue's head, cursors and pending rows together while its
+        consumers claim and ack (which lock them in their own order); PostgreSQL breaks such a
+        deadlock by aborting one side (40P01). The aborted purge/delete changed nothing: run it
+        again (pika's suite deleted a queue under a busy consumer and got 541 before this)."""
+        for attempt in range(attempts):
+            try:
+                return await db.fetchval(self.pool, query, *args)
+            except Unavailable as exc:
+                if exc.sqlstate != "40P01" or attempt == attempts - 1:
+                    raise
+                await asyncio.sleep(0.01 * (attempt + 1))
+
     async def purge_queue(self, name: str) -> int:
         """Skip every message of a classic queue not yet delivered (fluxpg.purge_queue); pending
         ones stay. Returns how many were purged. A stream is refused (WrongQueueKind)."""
         await self._require_queue(name)
-        return int(await db.fetchval(self.pool, "purge_queue", name))
+        return int(await self._retry_deadlock("purge_queue", name))
 
     async def delete_queue(self, name: str, *, if_unused: bool = False, if_empty: bool = False) -> int:
         """Drop a queue with its segments, groups and pending entries (fluxpg.delete_queue) and
@@ -783,7 +796,7 @@ class QueueManager:
         await self._require_queue(name)
         # Consumers of this node were judged above; the SQL judges other nodes' by their last read.
         window = timedelta(seconds=max(CLASSIC_POLL * 10, self.qm.heartbeat_interval.total_seconds()))
-        n = int(await db.fetchval(self.pool, "delete_queue", name, if_unused, if_empty, window))
+        n = int(await self._retry_deadlock("delete_queue", name, if_unused, if_empty, window))
         await self.reload_queues()
         gone = UnknownQueue(f"queue {name!r} was deleted")
         for sub in [s for s in self.subscriptions if s.queue == name]:

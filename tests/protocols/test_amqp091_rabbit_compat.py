@@ -326,3 +326,32 @@ def test_delete_on_one_node_cancels_consumers_on_another(threaded_broker, qname)
     finally:
         consumer_conn.close()
         deleter.close()
+
+
+def test_cancel_then_close_gives_back_what_was_claimed_but_not_delivered(threaded_broker, qname):
+    # pika's TestStopConsumingFromBasicConsumeCallback: the consumer acks the first of two
+    # messages and cancels; the second, claimed for it but never handed over, must be back at
+    # once (it stayed hidden for the 30 s visibility timeout).
+    server = threaded_broker([QueueConfig(name=qname)])
+    conn = _connect(server)
+    try:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.basic_publish("", qname, b"one", mandatory=True)
+        ch.basic_publish("", qname, b"two", mandatory=True)
+
+        def on_consume(channel, method, _props, _body):
+            channel.stop_consuming()
+            channel.basic_ack(method.delivery_tag)
+
+        ch.basic_consume(qname, on_consume)
+        ch.start_consuming()
+        ch.close()
+        ch = conn.channel()
+        method, _, body = ch.basic_get(qname, auto_ack=True)
+        assert body == b"two"
+        assert ch.basic_get(qname)[0] is None
+        assert _pending(server, qname) == []
+        assert _log(server, qname) == [b"one", b"two"]
+    finally:
+        conn.close()

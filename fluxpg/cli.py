@@ -939,15 +939,22 @@ def pending(queue: Annotated[str, typer.Argument(help="Queue name.")],
     """Delivered, unacknowledged messages of a classic group, like Redis XPENDING (view fluxpg.pending_entries)."""
     from fluxpg import db
 
+    resolved: list[str] = []
+
     async def fetch(conn: Any) -> Any:
-        q = await _require_queue(conn, queue)
-        known = await conn.fetchval("SELECT true FROM fluxpg.groups WHERE queue_id = $1 AND name = $2", q["id"], group)
-        if not known:
-            raise CliError(f"queue {queue!r} has no group {group!r} (see `fluxpg groups {queue}`)")
-        return await conn.fetch(db.queries()["pending_entries"], queue, group, limit)
+        import asyncpg
+
+        await _require_queue(conn, queue)
+        try:
+            # `workers` finds `workers@#` (what a subscription to $queue/<queue>/# makes).
+            resolved.append(await conn.fetchval(db.queries()["resolve_group"], queue, group))
+        except asyncpg.PostgresError as exc:
+            raise CliError(f"{exc} (see `fluxpg groups {queue}`)") from None
+        return await conn.fetch(db.queries()["pending_entries"], queue, resolved[0], limit)
 
     with database(dsn, config_file, data_dir) as target:
         rows = [dict(r) for r in asyncio.run(_query(target, fetch))]
+    group = resolved[0] if resolved else group
     if as_json:
         print_json(rows)
         return

@@ -195,6 +195,31 @@ BEGIN
   RETURN g;
 END $$;
 
+-- A group as people name it: the internal name (`workers@#`, what a subscription to
+-- $queue/orders/# creates) or just the group part (`workers`) when exactly one group of the queue
+-- has it. Used by the CLI (fluxpg pending) and MQTT acks with a plain group-id.
+CREATE OR REPLACE FUNCTION fluxpg.resolve_group(queue text, grp text) RETURNS text
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+  q fluxpg.queues := fluxpg._queue(queue);
+  names text[];
+BEGIN
+  IF EXISTS (SELECT 1 FROM fluxpg.groups g WHERE g.queue_id = q.id AND g.name = grp) THEN RETURN grp; END IF;
+  SELECT array_agg(g.name ORDER BY g.name) INTO names
+    FROM fluxpg.groups g WHERE g.queue_id = q.id AND split_part(g.name, '@', 1) = grp;
+  IF cardinality(names) = 1 THEN RETURN names[1]; END IF;
+  IF cardinality(names) > 1 THEN
+    RAISE EXCEPTION USING ERRCODE = 'FP005',
+      MESSAGE = format('queue %L has several groups named %L: %s; give the full name', q.name, grp,
+                       array_to_string(names, ', '));
+  END IF;
+  SELECT array_agg(g.name ORDER BY g.name) INTO names FROM fluxpg.groups g WHERE g.queue_id = q.id;
+  RAISE EXCEPTION USING ERRCODE = 'FP005',
+    MESSAGE = format('queue %L has no consumer group %L (%s)', q.name, grp,
+                     coalesce('its groups: ' || array_to_string(names, ', '), 'it has no groups yet'));
+END $$;
+COMMENT ON FUNCTION fluxpg.resolve_group(text, text) IS 'The internal name of a group given as group or group@filter: exact match first, else the only group whose part before @ matches; FP005 naming the groups otherwise';
+
 -- Remember that a consumer is alive (throttled to one write a second per consumer).
 CREATE OR REPLACE FUNCTION fluxpg._touch_member(gid int, consumer text) RETURNS void
 LANGUAGE plpgsql AS $$

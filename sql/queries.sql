@@ -225,3 +225,6 @@ SELECT node_id, id, protocol, listener, peer, client_id, username, since
 -- name: request_close
 -- The node that holds the connection LISTENs on fluxpg_close (fluxpg/queues/connection_sync.py).
 SELECT pg_notify('fluxpg_close', $1::int || ':' || $2::bigint);
+
+-- name: resolve_group
+SELECT fluxpg.resolve_group($1, $2);

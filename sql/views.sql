@@ -74,7 +74,10 @@ SELECT q.name AS queue, gp.name AS grp, gp.mode, gp.partition, gp.cursor, gp.com
        (SELECT count(*) FROM fluxpg.pending p WHERE p.group_id = gp.group_id AND p.partition = gp.partition)::int AS pending,
        now() - (SELECT min(p.delivered_at) FROM fluxpg.pending p WHERE p.group_id = gp.group_id AND p.partition = gp.partition) AS oldest_pending_age,
        g.filter, g.auto_commit,
-       (SELECT count(*) FROM fluxpg.members m WHERE m.group_id = g.id)::int AS consumers,
+       -- Live consumers only: seen within the queue's delivery.member_timeout (members rows outlive
+       -- their consumers until expire_groups removes them).
+       (SELECT count(*) FROM fluxpg.members m WHERE m.group_id = g.id
+           AND m.last_seen_at > now() - fluxpg._interval(q.settings #>> '{delivery,member_timeout}'))::int AS consumers,
        g.last_active_at
   FROM fluxpg._group_progress gp
   JOIN fluxpg.groups g ON g.id = gp.group_id

@@ -174,6 +174,31 @@ def test_inspecting_an_unmigrated_database_says_to_migrate(database):
 
 # -- inspection --------------------------------------------------------------------------------------
 
+def test_pending_finds_a_group_by_its_plain_name_and_groups_counts_live_consumers(dsn, qname):
+    """A subscription to $queue/<q>/# makes group `workers@#`; `fluxpg pending <q> workers` finds
+    it, or says which groups exist; `fluxpg groups` counts only consumers seen lately."""
+    sql(dsn, "SELECT fluxpg.declare_queue(%s, 'classic')", qname)
+    sql(dsn, "SELECT * FROM fluxpg.append(%s, 'm', NULL)", f"$queue/{qname}/eu")
+    sql(dsn, "SELECT * FROM fluxpg.claim(%s, 'workers@#', 'c1', 1)", qname)
+    proc = run("pending", qname, "workers", "--dsn", dsn, "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert [(e["grp"], e["seq"]) for e in json.loads(proc.stdout)] == [("workers@#", 0)]
+
+    proc = run("pending", qname, "nobody", "--dsn", dsn)
+    assert proc.returncode == 1
+    assert_one_error_line(proc.stderr.decode(), "no consumer group 'nobody'", "its groups: workers@#")
+    sql(dsn, "SELECT * FROM fluxpg.claim(%s, 'workers@eu/#', 'c2', 1)", qname)
+    proc = run("pending", qname, "workers", "--dsn", dsn)
+    assert_one_error_line(proc.stderr.decode(), "workers@#, workers@eu/#", "full name")
+
+    groups = {g["grp"]: g for g in json.loads(run("groups", qname, "--dsn", dsn, "--json").stdout)}
+    assert groups["workers@#"]["consumers"] == 1
+    # c1 went away long ago (its member row stays until the group expires): not a live consumer.
+    sql(dsn, "UPDATE fluxpg.members SET last_seen_at = now() - interval '1 hour' WHERE name = 'c1'")
+    groups = {g["grp"]: g for g in json.loads(run("groups", qname, "--dsn", dsn, "--json").stdout)}
+    assert groups["workers@#"]["consumers"] == 0 and groups["workers@eu/#"]["consumers"] == 1
+
+
 def test_queues_groups_pending_json(dsn, queue):
     proc = run("queues", "--dsn", dsn, "--json")
     assert proc.returncode == 0, proc.stderr

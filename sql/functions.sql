@@ -172,7 +172,11 @@ BEGIN
       MESSAGE = format('invalid consumer group %L: %s', grp, fluxpg.group_name_error(grp));
   END IF;
   IF NOT create_missing THEN
-    RAISE EXCEPTION USING ERRCODE = 'FP005', MESSAGE = format('queue %L has no consumer group %L', q.name, grp);
+    -- Settling (ack/nack/reject/commit) may name the group by its plain part, `mg` for `mg@#`,
+    -- when only one group of the queue has it; fluxpg.resolve_group says why not otherwise.
+    flt := fluxpg.resolve_group(q.name, grp);  -- the internal name (flt reused as a scratch variable)
+    SELECT * INTO g FROM fluxpg.groups g2 WHERE g2.queue_id = q.id AND g2.name = flt;
+    RETURN g;
   END IF;
   IF q.kind = 'stream' AND (SELECT count(*) FROM fluxpg.groups WHERE queue_id = q.id)
        >= coalesce((q.settings #>> '{delivery,max_groups}')::int, 50) THEN

@@ -900,6 +900,11 @@ class QueueManager:
         pos = stream.normalize_position(position) or "resume"
         return await stream.seek(self.pool, queue, group, pos)
 
+    async def resolve_group(self, queue: str, group: str) -> str:
+        """A group as a client named it (`workers`, or `workers@#`) → its internal name, by SQL's
+        fluxpg.resolve_group (InvalidArgument naming the groups when none or several match)."""
+        return await db.fetchval(self.pool, "resolve_group", queue, group)
+
     async def claim_stale(self, queue: str, group: str, consumer: str, min_idle: timedelta,
                           n: int = 10) -> list[Delivery]:
         await self._require_queue(queue)

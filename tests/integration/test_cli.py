@@ -243,7 +243,7 @@ def test_unknown_queue_and_group(dsn, queue):
         assert_one_error_line(proc.stderr.decode(), "unknown queue 'no-such-queue'")
     proc = run("pending", queue, "nobody", "--dsn", dsn)
     assert proc.returncode == 1
-    assert_one_error_line(proc.stderr.decode(), "no group 'nobody'")
+    assert_one_error_line(proc.stderr.decode(), "no consumer group 'nobody'")
 
 
 # -- publish / tail --------------------------------------------------------------------------------

@@ -148,3 +148,17 @@ async def test_an_invalid_group_is_refused_by_the_broker_as_by_sql(manager_facto
             await mgr.subscribe(qname, group, "c1", on_delivery=lambda d: None)
         with pytest.raises(psycopg.Error):
             pg.execute("SELECT * FROM fluxpg.claim(%s, %s, 'c', 1)", (qname, group))
+
+
+def test_settling_by_the_plain_group_name_when_unambiguous(pg, qname):
+    pg.execute("SELECT fluxpg.declare_queue(%s, 'classic')", (qname,))
+    for _ in range(3):
+        pg.execute("SELECT * FROM fluxpg.append(%s, 'm', NULL)", (f"$queue/{qname}/eu",))
+    assert [r[0] for r in pg.execute("SELECT seq FROM fluxpg.claim(%s, 'mg@#', 'c', 2)", (qname,))] == [0, 1]
+    assert pg.execute("SELECT fluxpg.ack(%s, 'mg', ARRAY[0]::bigint[])", (qname,)).fetchone()[0] == 1
+    assert pg.execute("SELECT fluxpg.resolve_group(%s, 'mg')", (qname,)).fetchone()[0] == "mg@#"
+    pg.execute("SELECT * FROM fluxpg.claim(%s, 'mg@eu', 'c', 1)", (qname,))
+    with pytest.raises(psycopg.Error, match="several groups named 'mg': mg@#, mg@eu") as info:
+        pg.execute("SELECT fluxpg.ack(%s, 'mg', ARRAY[1]::bigint[])", (qname,))
+    assert info.value.sqlstate == "FP005"
+    assert pg.execute("SELECT fluxpg.ack(%s, 'mg@#', ARRAY[1]::bigint[])", (qname,)).fetchone()[0] == 1

@@ -900,6 +900,15 @@ class QueueManager:
         pos = stream.normalize_position(position) or "resume"
         return await stream.seek(self.pool, queue, group, pos)
 
+    @property
+    def mqtt(self):
+        """The MQTT front-end's tables (relay, retained, shared groups, sessions) by named query."""
+        store = self.__dict__.get("_mqtt_store")
+        if store is None:
+            from fluxpg.queues.mqtt_store import MqttStore
+            store = self.__dict__["_mqtt_store"] = MqttStore(self)
+        return store
+
     async def resolve_group(self, queue: str, group: str) -> str:
         """A group as a client named it (`workers`, or `workers@#`) → its internal name, by SQL's
         fluxpg.resolve_group (InvalidArgument naming the groups when none or several match)."""

@@ -43,13 +43,12 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from fluxpg.aio import cancel_and_wait
-from fluxpg import db
 from fluxpg.errors import FluxError
 from fluxpg.queues.mqtt_sessions import MqttSessionStore
+from fluxpg.queues.mqtt_store import Listener
 from fluxpg.topics import TopicTree, parse_shared, topic_matches
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -91,13 +90,6 @@ def shared_owner(nodes: tuple[int, ...], node: int, seq: int, key_hash: int) -> 
     Every node evaluates this with the same arguments, so exactly one of them delivers.
     """
     return nodes[_mix64(_mix64((node << 40) ^ seq) ^ key_hash) % len(nodes)]
-
-
-@lru_cache(maxsize=None)
-def mqtt_queries() -> dict[str, str]:
-    """Named queries of sql/mqtt_queries.sql (same `-- name: x` format as sql/queries.sql)."""
-    parts = db._NAME.split(db.read_sql("mqtt_queries.sql"))
-    return {name: body.strip().rstrip(";") for name, body in zip(parts[1::2], parts[2::2])}
 
 
 # --------------------------------------------------------------------------------------------
@@ -221,7 +213,7 @@ class Router:
         self._write_wake = asyncio.Event()
         self._incoming: asyncio.Queue[str | None] = asyncio.Queue()
         self._tasks: list[asyncio.Task] = []
-        self._listener: db.Listener | None = None
+        self._listener: Listener | None = None
         self.closing = False
         # statistics
         self.relayed_out = 0
@@ -240,9 +232,9 @@ class Router:
 
     async def start(self) -> None:
         await self._refresh_nodes()
-        self.store = MqttSessionStore(self.manager.pool, self.node_id, self.manager.qm.heartbeat_timeout)
+        self.store = self.manager.mqtt.session_store(self.node_id, self.manager.qm.heartbeat_timeout)
         self.store.start()
-        self._listener = db.Listener(self.manager.dsn, {RELAY_CHANNEL: self._on_notify,
+        self._listener = self.manager.mqtt.listener({RELAY_CHANNEL: self._on_notify,
                                                         SHARED_CHANNEL: self._on_shared_notify,
                                                         SESSION_CHANNEL: self._on_session_notify})
         await self._listener.start()
@@ -276,7 +268,7 @@ class Router:
         try:
             # Tell the other nodes at once that this node's members are gone (deregistering the
             # node would cascade too, but only once the queue manager closes).
-            await self.manager.pool.execute(mqtt_queries()["shared_clear_node"], self.node_id)
+            await self.manager.mqtt.execute("shared_clear_node", self.node_id)
         except Exception as exc:  # noqa: BLE001 - the node row's ON DELETE CASCADE still cleans up
             log.warning("removing this node's shared subscription groups failed: %s", exc)
         for _kind, _msg, fut in self._writes:
@@ -288,17 +280,16 @@ class Router:
 
     async def _refresh_nodes(self) -> None:
         timeout = self.manager.qm.heartbeat_timeout
-        self.remote_nodes = await self.manager.pool.fetchval(mqtt_queries()["remote_nodes"], self.node_id, timeout)
+        self.remote_nodes = await self.manager.mqtt.fetchval("remote_nodes", self.node_id, timeout)
 
     async def _housekeeping(self) -> None:
-        q = mqtt_queries()
         while True:
             await asyncio.sleep(HOUSEKEEPING_INTERVAL)
             try:
                 await self._refresh_nodes()
                 await self._reload_shared()
-                await self.manager.pool.execute(q["relay_prune"], self.node_id, RELAY_KEEP)
-                await self.manager.pool.execute(q["retained_prune"])
+                await self.manager.mqtt.execute("relay_prune", self.node_id, RELAY_KEEP)
+                await self.manager.mqtt.execute("retained_prune")
                 await self._expire_stored()
                 await self.adopt_sessions()
             except asyncio.CancelledError:
@@ -578,7 +569,7 @@ class Router:
     # --- retained -----------------------------------------------------------------------------
 
     async def retained(self, topic_filter: str) -> list[Message]:
-        rows = await self.manager.pool.fetch(mqtt_queries()["retained_prefix"],
+        rows = await self.manager.mqtt.fetch("retained_prefix",
                                              retained_like_pattern(topic_filter))
         out = []
         for r in rows:
@@ -590,7 +581,6 @@ class Router:
     # --- the relay writer (retained store + cross-node relay), one batch at a time ------------
 
     async def _writer(self) -> None:
-        q = mqtt_queries()
         while True:
             await self._write_wake.wait()
             self._write_wake.clear()
@@ -599,7 +589,7 @@ class Router:
                 while self._writes and len(batch) < RELAY_MAX_BATCH:
                     batch.append(self._writes.popleft())
                 try:
-                    await self._write_batch(q, batch)
+                    await self._write_batch(batch)
                 except asyncio.CancelledError:
                     for _k, _m, fut in batch:
                         if fut is not None and not fut.done():
@@ -615,27 +605,27 @@ class Router:
                     if fut is not None and not fut.done():
                         fut.set_result(None)
 
-    async def _write_batch(self, q: dict[str, str], batch: list) -> None:
-        async with self.manager.pool.acquire() as conn:
-            async with conn.transaction():
-                relay = []
-                for kind, msg, _fut in batch:
-                    if kind == "retain":
-                        if msg.payload:
-                            await conn.execute(q["retain_set"], msg.topic, msg.payload, msg.qos,
-                                               props_to_json(msg.props), _ts(msg.expires_at), self.node_id)
-                        else:
-                            await conn.execute(q["retain_clear"], msg.topic)
+    async def _write_batch(self, batch: list) -> None:
+        # One transaction: the batch's retained updates and relay rows commit together.
+        async with self.manager.mqtt.transaction() as conn:
+            relay = []
+            for kind, msg, _fut in batch:
+                if kind == "retain":
+                    if msg.payload:
+                        await conn.execute("retain_set", msg.topic, msg.payload, msg.qos,
+                                           props_to_json(msg.props), _ts(msg.expires_at), self.node_id)
                     else:
-                        relay.append(msg)
-                if relay:
-                    await conn.execute(
-                        q["relay_insert"], self.node_id,
-                        [m.origin for m in relay], [m.topic for m in relay], [m.payload for m in relay],
-                        [m.qos for m in relay], [m.retain for m in relay],
-                        [props_to_json(m.props) for m in relay], [_ts(m.expires_at) for m in relay],
-                        [m.seq for m in relay])
-                    self.relayed_out += len(relay)
+                        await conn.execute("retain_clear", msg.topic)
+                else:
+                    relay.append(msg)
+            if relay:
+                await conn.execute(
+                    "relay_insert", self.node_id,
+                    [m.origin for m in relay], [m.topic for m in relay], [m.payload for m in relay],
+                    [m.qos for m in relay], [m.retain for m in relay],
+                    [props_to_json(m.props) for m in relay], [_ts(m.expires_at) for m in relay],
+                    [m.seq for m in relay])
+                self.relayed_out += len(relay)
 
     # --- the relay reader ---------------------------------------------------------------------
 
@@ -644,7 +634,6 @@ class Router:
             self._incoming.put_nowait(payload)
 
     async def _reader(self) -> None:
-        sql = mqtt_queries()["relay_range"]
         while True:
             payload = await self._incoming.get()
             try:
@@ -657,7 +646,7 @@ class Router:
             if not self.remote_nodes:
                 self.remote_nodes = 1   # somebody else is alive: relay to it from now on
             try:
-                rows = await self.manager.pool.fetch(sql, first, last, node)
+                rows = await self.manager.mqtt.fetch("relay_range", first, last, node)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001
@@ -690,7 +679,6 @@ class Router:
     async def _shared_syncer(self) -> None:
         """Writes this node's member count of each changed group: first member inserts the row,
         last one deletes it (the table's trigger tells every node), others update the count."""
-        q = mqtt_queries()
         while True:
             await self._shared_wake.wait()
             self._shared_wake.clear()
@@ -706,14 +694,13 @@ class Router:
             self._shared_writing = True
             failed = False
             try:
-                async with self.manager.pool.acquire() as conn:
-                    async with conn.transaction():
-                        for share, inner in keys:
-                            count = len(self.shared.get((share, inner), ()))
-                            if count:
-                                await conn.execute(q["shared_set"], share, inner, self.node_id, count)
-                            else:
-                                await conn.execute(q["shared_clear"], share, inner, self.node_id)
+                async with self.manager.mqtt.transaction() as conn:  # all changed groups at once
+                    for share, inner in keys:
+                        count = len(self.shared.get((share, inner), ()))
+                        if count:
+                            await conn.execute("shared_set", share, inner, self.node_id, count)
+                        else:
+                            await conn.execute("shared_clear", share, inner, self.node_id)
             except asyncio.CancelledError:
                 for key in keys:
                     self._shared_dirty.setdefault(key, None)
@@ -755,7 +742,7 @@ class Router:
         # Housekeeping and the NOTIFY reloader may overlap: a reload started earlier (an older
         # snapshot) must not replace the result of one started later.
         ticket = next(self._reload_tickets)
-        rows = await self.manager.pool.fetch(mqtt_queries()["shared_nodes"], self.manager.qm.heartbeat_timeout)
+        rows = await self.manager.mqtt.fetch("shared_nodes", self.manager.qm.heartbeat_timeout)
         if ticket < self._reload_applied:
             return
         self._reload_applied = ticket
@@ -774,5 +761,5 @@ def make_sub_options(topic_filter: str, qos: int, no_local: bool, rap: bool, rh:
     return SubOptions(topic_filter, qos, no_local, rap, rh, sid, share, inner)
 
 
-__all__ = ["Router", "Message", "SubOptions", "make_sub_options", "mqtt_queries", "retained_like_pattern",
+__all__ = ["Router", "Message", "SubOptions", "make_sub_options", "retained_like_pattern",
            "shared_owner"]

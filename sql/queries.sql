@@ -228,3 +228,6 @@ SELECT pg_notify('fluxpg_close', $1::int || ':' || $2::bigint);
 
 -- name: resolve_group
 SELECT fluxpg.resolve_group($1, $2);
+
+-- name: retire_reserved
+SELECT fluxpg.retire_reserved($1::text[]);

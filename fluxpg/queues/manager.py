@@ -325,7 +325,6 @@ class QueueManager:
         self._bindings: TopicTree[str] = TopicTree()
         self._routes: dict[str, list[QueueInfo]] = {}   # topic → target queues, cleared on reload
         self._reserved_bindings: TopicTree[str] = TopicTree()
-        self._reserved: set[str] = set()
         self.subscriptions: set[Subscription] = set()
         # AMQP 0-9-1 exclusive consumers of this node: queue → the consumer holding it (front-ends
         # refuse other consumers while it is there; a queue's consumers on other nodes are not seen).
@@ -419,9 +418,14 @@ class QueueManager:
 
     async def _declare_configured(self) -> None:
         configured = self.config.effective_queues()
-        self._reserved = {q.name for q in configured if q.reserved}
         for qc in configured:
             await self._declare(qc)
+        # A reserved catch-all of an earlier run that the config no longer lists stops being
+        # one, in the database, so fluxpg.route and this process route alike (one rule).
+        retired = await db.fetch(self.pool, "retire_reserved", [q.name for q in configured])
+        for (name,) in retired:
+            log.warning("queue %r was a reserved catch-all of an earlier run; the config does not list "
+                        "it, so it now takes only $queue/%s/… (kept, not dropped)", name, name)
         await self.reload_queues()
         names = {q.name for q in configured}
         for name, info in self.queues.items():
@@ -449,14 +453,9 @@ class QueueManager:
         bindings: TopicTree[str] = TopicTree()
         reserved: TopicTree[str] = TopicTree()
         for q in queues.values():
-            if q.name in self._reserved:
-                tree = reserved
-            elif q.settings.get("reserved"):
-                # A catch-all left by a run without configured queues: with queues configured
-                # now there is no catch-all (FluxMQ), so it takes nothing (it is reported at start).
-                continue
-            else:
-                tree = bindings
+            # settings.reserved in the database, as fluxpg.route reads it: a reserved queue only
+            # takes what no other queue does.
+            tree = reserved if q.settings.get("reserved") else bindings
             for t in q.topics:
                 tree.add(t, q.name)
         self.queues = queues
@@ -577,9 +576,9 @@ class QueueManager:
         transactions (queues/transactions.py)."""
         targets = self._routes.get(topic)   # a cached topic was validated when it was cached
         if targets is None:
+            # Any topic routes by the queues' bindings, as fluxpg.route does (a queue bound to
+            # sensors/# takes sensors/a); only $queue/<name>/… can auto-create a queue.
             validate_topic_name(topic)
-            if not is_queue_topic(topic) and not topic.startswith("$dlq/"):
-                raise InvalidArgument(f"topic {topic!r} is not a queue topic ($queue/<name>/...)")
             targets = self.route(topic)
         if not targets:
             return None
@@ -612,6 +611,8 @@ class QueueManager:
         return rows
 
     def _unmatched_name(self, topic: str) -> str:
+        if not is_queue_topic(topic) and not topic.startswith("$dlq/"):
+            raise UnknownQueue(f"no queue is bound to topic {topic!r}")
         if topic.startswith("$dlq/"):
             raise UnknownQueue(f"no dead-letter queue {topic!r}: dead-letter queues are created by "
                                "dead-lettering, not by publishing")

@@ -162,3 +162,51 @@ def test_settling_by_the_plain_group_name_when_unambiguous(pg, qname):
         pg.execute("SELECT fluxpg.ack(%s, 'mg', ARRAY[1]::bigint[])", (qname,))
     assert info.value.sqlstate == "FP005"
     assert pg.execute("SELECT fluxpg.ack(%s, 'mg@#', ARRAY[1]::bigint[])", (qname,)).fetchone()[0] == 1
+
+
+async def test_routing_is_the_same_in_sql_and_in_the_broker(server_dsn):
+    """fluxpg.route and the broker's manager.route pick the same queues for every topic: plain
+    topics bound by a filter (sensors/#), reserved catch-alls only for what nothing else takes,
+    and a catch-all left by an earlier run without configured queues retired at start."""
+    import random
+
+    from fluxpg import db
+    from fluxpg.config import Config
+    from fluxpg.queues.manager import QueueManager
+    from fluxpg.testing import fresh_database
+
+    rnd = random.Random(14)
+    levels = ["a", "b", "eu", "sensors", "$x", "orders", " "]
+
+    def filt() -> str:
+        parts = [rnd.choice(levels + ["+"]) for _ in range(rnd.randint(1, 3))]
+        return "/".join(parts + (["#"] if rnd.random() < 0.4 else []))
+
+    with fresh_database(server_dsn) as dsn:
+        db.migrate(dsn)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            # What a run without configured queues left behind.
+            conn.execute("""SELECT fluxpg.declare_queue('mqtt', 'classic', ARRAY['$queue/#'], '{"reserved": true}')""")
+        queues = [QueueConfig(name="sensors", topics=["sensors/#"]), QueueConfig(name="orders"),
+                  QueueConfig(name="eu", topics=["$queue/orders/eu/#", "+/eu"]),
+                  QueueConfig(name="spare", topics=["$queue/#"], reserved=True)]
+        queues += [QueueConfig(name=f"r{i}", topics=[filt() for _ in range(rnd.randint(1, 3))],
+                               reserved=rnd.random() < 0.2) for i in range(8)]
+        mgr = await QueueManager.start(dsn, Config(queues=queues), retention=False)
+        try:
+            topics = ["sensors/a", "sensors", "$queue/nobody/here", "$queue/orders/eu/x", "x/eu", "$queue/mqtt/x"]
+            topics += ["/".join(rnd.choice(levels) for _ in range(rnd.randint(1, 4))) for _ in range(300)]
+            topics += ["$queue/" + t for t in topics[6:100]]
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                for topic in topics:
+                    sql = [r[0] for r in conn.execute(
+                        "SELECT q.name FROM unnest(fluxpg.route(%s)) WITH ORDINALITY AS r(id, o) "
+                        "JOIN fluxpg.queues q ON q.id = r.id ORDER BY r.o", (topic,))]
+                    assert [q.name for q in mgr.route(topic)] == sql, topic
+                mqtt = conn.execute("SELECT topics, settings ->> 'reserved' FROM fluxpg.queues WHERE name = 'mqtt'").fetchone()
+            assert mqtt == (["$queue/mqtt/#"], "false")
+            assert [q.name for q in mgr.route("sensors/a")] == ["sensors"]
+            assert [q.name for q in mgr.route("$queue/nobody/here")] == ["spare"]
+            assert await mgr.publish("sensors/a", b"plain topic") == [("sensors", 0)]
+        finally:
+            await mgr.close()

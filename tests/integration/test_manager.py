@@ -307,7 +307,8 @@ async def test_unknown_queue_errors(manager_factory):
     mgr = await manager_factory([])
     with pytest.raises(UnknownQueue):
         await mgr.ack("never-declared", "g", [1])
-    with pytest.raises(fluxpg.InvalidArgument):
+    # A plain topic no queue binds: refused like SQL's fluxpg.route (FP001), not auto-created.
+    with pytest.raises(UnknownQueue, match="no queue is bound to topic 'plain/topic'"):
         await mgr.publish("plain/topic", b"x")
 
 

@@ -340,8 +340,7 @@ async def queues(request: web.Request) -> web.Response:
         rates = console.rates.per_queue.get(s["queue"])
         out.append({**s, "consumers": r.get("consumers", 0), "retention": _retention(settings),
                     "rate_in": rates[0] if rates else None, "rate_out": rates[1] if rates else None})
-    return render(request, "queues.html", queues=out, transient=console.admin.transient_queues(),
-                  interval=console.rates.interval)
+    return render(request, "queues.html", queues=out, interval=console.rates.interval)
 
 
 async def queue_page(request: web.Request) -> web.Response:

@@ -92,17 +92,6 @@ class Admin:
         """Ask `node` to close its connection `conn_id` (NOTIFY fluxpg_close)."""
         await db.fetchval(self._pool, "request_close", node, conn_id)
 
-    def transient_queues(self) -> list[dict[str, Any]]:
-        """Queues that live in this node's memory only (not in the database)."""
-        out = []
-        registry = getattr(self.manager, "transient", None) or getattr(self.manager, "ephemeral", None)
-        for name, queue in sorted(getattr(registry, "queues", {}).items()):
-            if name in self.manager.queues:
-                continue
-            out.append({"queue": name, "kind": "transient", "depth": len(getattr(queue, "buffer", ()) or ()),
-                        "consumers": len(getattr(queue, "consumers", ()) or ())})
-        return out
-
     # --- browsing ---------------------------------------------------------------------------
 
     async def bounds(self, queue: str) -> list[tuple[int, int, int]]:

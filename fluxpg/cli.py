@@ -877,7 +877,9 @@ async def _query(dsn: str, fn: Callable[[Any], Any]) -> Any:
 
 
 async def _require_queue(conn: Any, queue: str) -> Any:
-    row = await conn.fetchrow("SELECT id, kind, partitions FROM fluxpg.queues WHERE name = $1", queue)
+    from fluxpg import db
+
+    row = await conn.fetchrow(db.queries()["cli_queue"], queue)
     if row is None:
         raise CliError(f"unknown queue {queue!r} (see `fluxpg queues`)")
     return row
@@ -1100,7 +1102,9 @@ def publish(
     headers = _headers(header or [])
 
     async def run(conn: Any) -> Any:
-        return await conn.fetch("SELECT queue, seq FROM fluxpg.append($1, $2, $3)", topic, payload, headers)
+        from fluxpg import db
+
+        return await conn.fetch(db.queries()["cli_append"], topic, payload, headers)
 
     with database(dsn, config_file, data_dir) as target:
         rows = asyncio.run(_query(target, run))
@@ -1125,14 +1129,14 @@ async def _tail_on(conn: Any, dsn: str, queue: str, group: str | None, start: st
                    follow: bool) -> int:
     q = await _require_queue(conn, queue)
     qid, partitions = q["id"], q["partitions"]
-    heads = {r["partition"]: (r["first_seq"], r["next_seq"]) for r in await conn.fetch(
-        "SELECT partition, first_seq, next_seq FROM fluxpg.heads WHERE queue_id = $1 ORDER BY partition", qid)}
+    from fluxpg import db
+
+    heads = {r["partition"]: (r["first_seq"], r["next_seq"]) for r in await conn.fetch(db.queries()["cli_heads"], qid)}
     # Where each partition starts. Reading the log by offset claims nothing: tail never takes
     # work from a consumer group, whatever the queue's kind.
     position: dict[int, int] = {}
     if group is not None:
-        rows = await conn.fetch("SELECT partition, committed FROM fluxpg.group_status WHERE queue = $1 AND grp = $2",
-                                queue, group)
+        rows = await conn.fetch(db.queries()["cli_group_committed"], queue, group)
         if not rows:
             raise CliError(f"queue {queue!r} has no group {group!r} (see `fluxpg groups {queue}`)")
         committed = {r["partition"]: r["committed"] for r in rows}
@@ -1169,10 +1173,7 @@ async def _tail_on(conn: Any, dsn: str, queue: str, group: str | None, start: st
                 want = 500 if not limit else min(500, limit - printed)
                 if want <= 0:
                     break
-                rows = await conn.fetch(
-                    "SELECT partition, seq, topic, payload, created_at FROM fluxpg.log "
-                    "WHERE queue_id = $1 AND partition = $2 AND seq >= $3 ORDER BY seq LIMIT $4",
-                    qid, part, position[part], want)
+                rows = await conn.fetch(db.queries()["cli_log_page"], qid, part, position[part], want)
                 for r in rows:
                     offset = f"{r['partition']}:{r['seq']}" if partitions > 1 else str(r["seq"])
                     stamp = r["created_at"].astimezone().isoformat(timespec="milliseconds")

@@ -231,3 +231,25 @@ SELECT fluxpg.resolve_group($1, $2);
 
 -- name: retire_reserved
 SELECT fluxpg.retire_reserved($1::text[]);
+
+-- Command line (fluxpg/cli.py): inspection and tail read the tables directly, claiming nothing.
+
+-- name: cli_queue
+SELECT id, kind, partitions FROM fluxpg.queues WHERE name = $1;
+
+-- name: cli_append
+SELECT queue, seq FROM fluxpg.append($1, $2, $3);
+
+-- name: cli_heads
+SELECT partition, first_seq, next_seq FROM fluxpg.heads WHERE queue_id = $1 ORDER BY partition;
+
+-- name: cli_group_committed
+SELECT partition, committed FROM fluxpg.group_status WHERE queue = $1 AND grp = $2;
+
+-- name: cli_log_page
+SELECT partition, seq, topic, payload, created_at FROM fluxpg.log
+ WHERE queue_id = $1 AND partition = $2 AND seq >= $3 ORDER BY seq LIMIT $4;
+
+-- name: retention_leader
+-- Session-level: held by the retention loop's own connection while it leads.
+SELECT pg_try_advisory_lock($1);

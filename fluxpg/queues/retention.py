@@ -38,7 +38,7 @@ class RetentionLoop:
             self._conn = await db.connect(self.dsn)
             self.leader = False
         if not self.leader:
-            self.leader = await self._conn.fetchval("SELECT pg_try_advisory_lock($1)", RETENTION_LOCK)
+            self.leader = await self._conn.fetchval(db.queries()["retention_leader"], RETENTION_LOCK)
             if self.leader:
                 log.info("this node runs retention")
         return self.leader

@@ -10,6 +10,12 @@ TTL, max-length, dead-lettering). Its messages land in the log's UNLOGGED defaul
 its node loses them — the transient promise. sql/functions.sql (declare_transient,
 delete_transient, _transient_cleanup, _transient_forget, sweep_transient) holds the rules; this
 module is their Python face.
+
+A cost the default partition brings: attaching a NEW durable queue's partition to fluxpg.log
+(declare_queue, e.g. an auto-created queue) makes PostgreSQL check that log_transient holds no
+row for the new queue id, under an ACCESS EXCLUSIVE lock on log_transient: transient traffic
+pauses for that scan (proportional to the transient backlog, small by design: acked rows are
+deleted and transient_max_bytes bounds it). Durable queues' own traffic is not affected.
 """
 from __future__ import annotations
 

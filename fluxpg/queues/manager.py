@@ -291,6 +291,13 @@ class Subscription:
             return
         self._closed = True
         self._credit_event.set()
+        if self._task is not None and not self._task.done():
+            # Let the loop finish what it is doing rather than cancel it mid-claim: a batch the
+            # database already handed to this consumer is then released by _deliver instead of
+            # staying pending until the visibility timeout. Cancelled only if it hangs.
+            if self.queue_id is not None:
+                self.manager._wake(self.queue_id)
+            await asyncio.wait({self._task}, timeout=5)
         await cancel_and_wait([self._task])
         self._task = None
         if self.kind == "classic" and self._claimed:

@@ -317,3 +317,38 @@ async def test_aio_pika_rpc_with_temporary_reply_queues(broker, qname):
         assert returned == [b"re:late"]
     finally:
         await srv.close()
+
+
+@pytest.mark.parametrize("durable", [True, False], ids=["durable", "transient"])
+def test_cancel_from_the_callback_then_close_leaves_nothing_pending(threaded_broker, qname, durable):
+    """pika's acceptance case: no qos, the callback acks the first message and cancels, the
+    channel closes; a new channel finds the second at once (not after the visibility timeout),
+    whether or not it was handed out before the cancel."""
+    server = threaded_broker()
+    conn = _connect(server)
+    try:
+        ch = conn.channel()
+        ch.queue_declare(qname, durable=durable)
+        ch.confirm_delivery()
+        for i in range(2):
+            ch.basic_publish("", qname, b"s%d" % i)
+        seen = []
+
+        def on_message(chan, method, _props, body):
+            seen.append(body)
+            chan.basic_ack(method.delivery_tag)
+            chan.basic_cancel(method.consumer_tag)
+
+        ch.basic_consume(qname, on_message)
+        deadline = time.monotonic() + 10
+        while not seen and time.monotonic() < deadline:
+            conn.process_data_events(time_limit=0.2)
+        assert seen == [b"s0"]
+        ch.close()
+        ch = conn.channel()
+        assert ch.queue_declare(qname, passive=True).method.message_count == 1
+        method, _props, body = ch.basic_get(qname)
+        assert body == b"s1" and method.redelivered
+        ch.basic_ack(method.delivery_tag)
+    finally:
+        conn.close()

@@ -98,7 +98,7 @@ class _LateCredit(MessagingHandler):
         self.done.set()
 
 
-@pytest.mark.parametrize("configured", [True], ids=["configured-queue"])
+@pytest.mark.parametrize("configured", [True, False], ids=["configured-queue", "auto-created"])
 def test_credit_granted_late_gets_every_message_in_order(threaded_broker, qname, configured):
     srv = threaded_broker([QueueConfig(name=qname)] if configured else None)
     address = f"$queue/{qname}"
@@ -474,5 +474,116 @@ def test_transactional_acceptance_acks_at_commit_and_not_on_abort(threaded_broke
         rcv = conn.create_receiver(qname, credit=1)
         assert rcv.receive(timeout=10).body == "m0"
         rcv.accept()
+    finally:
+        conn.close()
+
+
+# ------------------------------------------------------------------------------------ dynamic
+
+
+def test_dynamic_source_request_reply(threaded_broker, qname):
+    srv = threaded_broker([QueueConfig(name=qname)])
+    server = connect(srv)
+    client = connect(srv)
+    try:
+        # the client: a dynamic reply queue, requests carry its address in reply-to
+        replies = client.create_receiver(None, dynamic=True, credit=10)
+        reply_to = replies.link.remote_source.address
+        assert reply_to and reply_to.startswith("amqp10.dynamic.")
+        requests = client.create_sender(qname)
+        for word in ("one", "two", "three"):
+            requests.send(Message(body=word, reply_to=reply_to, correlation_id=word))
+        # the server: takes requests, answers through the anonymous relay
+        work = server.create_receiver(qname, credit=10)
+        relay = server.create_sender(None)
+        for _ in range(3):
+            req = work.receive(timeout=10)
+            relay.send(Message(address=req.reply_to, body=req.body.upper(), correlation_id=req.correlation_id))
+            work.accept()
+        got = []
+        for _ in range(3):
+            m = replies.receive(timeout=10)
+            got.append((m.correlation_id, m.body))
+            replies.accept()
+        assert got == [("one", "ONE"), ("two", "TWO"), ("three", "THREE")]
+        assert [p for _, p, _ in log_rows(srv, qname)] == [b"one", b"two", b"three"]
+        # deleted with its link: a later reply to it has nowhere to go
+        replies.close()
+        deadline = time.monotonic() + 10
+        while srv.call(srv.manager.queue_stats()) and time.monotonic() < deadline:
+            if not [r for r in srv.call(srv.manager.queue_stats()) if r["queue"] == reply_to]:
+                break
+            time.sleep(0.05)
+        assert not [r for r in srv.call(srv.manager.queue_stats()) if r["queue"] == reply_to]
+    finally:
+        client.close()
+        server.close()
+
+
+def test_dynamic_target(threaded_broker):
+    srv = threaded_broker()
+    conn = connect(srv)
+    try:
+        snd = conn.create_sender(None, options=DynamicTarget())
+        address = snd.link.remote_target.address
+        assert address and address.startswith("amqp10.dynamic.")
+        assert snd.send(Message(body="to the dynamic node")).remote_state == Delivery.ACCEPTED
+        rcv = conn.create_receiver(address, credit=1)
+        assert rcv.receive(timeout=10).body == "to the dynamic node"
+        rcv.accept()
+    finally:
+        conn.close()
+
+
+def test_released_and_modified_outcomes(threaded_broker, qname):
+    srv = threaded_broker([QueueConfig(name=qname)])
+    conn = connect(srv)
+    try:
+        snd = conn.create_sender(qname)
+        snd.send(Message(body="a"))
+        snd.send(Message(body="b"))
+        # no prefetch: each receive() grants one credit
+        rcv = conn.create_receiver(qname)
+        first = rcv.receive(timeout=10)
+        assert first.body == "a"
+        rcv.release(delivered=False)       # Released: back now, first in line
+        # proton writes a flow before a disposition queued with it: let the outcome go out
+        # before receive() grants the next credit
+        pump(conn, 0.1)
+        again = rcv.receive(timeout=10)
+        assert again.body == "a" and again.id == first.id
+        rcv.release(delivered=True)        # Modified(delivery-failed): back, counted
+        pump(conn, 0.1)
+        third = rcv.receive(timeout=10)
+        assert third.body == "a" and third.delivery_count >= 1
+        rcv.reject()                       # Rejected: to the dead-letter queue
+        assert rcv.receive(timeout=10).body == "b"
+        rcv.accept()
+    finally:
+        conn.close()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and srv.call(srv.manager.pending_entries(qname, qname)):
+        time.sleep(0.05)
+    assert srv.call(srv.manager.pending_entries(qname, qname)) == []
+    assert [p for _, p, _ in log_rows(srv, f"$dlq/{qname}")] == [b"a"]
+
+
+
+def test_closing_a_link_releases_what_it_did_not_settle(threaded_broker, qname):
+    srv = threaded_broker([QueueConfig(name=qname)])
+    conn = connect(srv)
+    try:
+        snd = conn.create_sender(qname)
+        for body in ("x", "y"):
+            snd.send(Message(body=body))
+        first = conn.create_receiver(qname, credit=2)
+        assert [first.receive(timeout=10).body for _ in range(2)] == ["x", "y"]
+        first.close()                       # neither settled
+        started = time.monotonic()
+        second = conn.create_receiver(qname, credit=2)
+        assert [second.receive(timeout=10).body for _ in range(2)] == ["x", "y"]
+        second.accept()
+        # back at once, in order: not after the 30 s visibility timeout
+        assert time.monotonic() - started < 10
     finally:
         conn.close()

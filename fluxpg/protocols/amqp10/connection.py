@@ -78,6 +78,7 @@ DECLARE = {0x31, "amqp:declare:list"}
 DISCHARGE = {0x32, "amqp:discharge:list"}
 DECLARED = 0x33
 TRANSACTIONAL_STATE = 0x34
+REQUEUES = ("release", "nack")
 OUTCOMES = {0x24: "accepted", 0x25: "rejected", 0x26: "released", 0x27: "modified"}
 MAX_FRAME_SIZE = 1024 * 1024
 # A queue's max_message_size bounds the payload; the encoded message also carries its properties,
@@ -133,6 +134,7 @@ class _Consumer:
     closed: bool = False
     drain_task: asyncio.Task | None = None
     dynamic: str | None = None          # the transient queue made for a dynamic source
+    flow_task: asyncio.Task | None = None   # credit waiting for this connection's requeues
 
 
 @dataclass(eq=False)
@@ -214,6 +216,9 @@ class AmqpConnection:
         self._acks: dict[tuple, list[int]] = defaultdict(list)
         self._ack_event = asyncio.Event()
         self._ack_task: asyncio.Task | None = None
+        # released / nacked deliveries not yet back in the database (credit waits for them)
+        self._requeues = 0
+        self._requeued = asyncio.Event()
 
     # ------------------------------------------------------------------------------ life cycle
 
@@ -539,7 +544,8 @@ class AmqpConnection:
             return
         dynamic = None
         if remote.dynamic:
-            raise Refused("amqp:not-implemented", "dynamic targets are not supported yet")
+            dynamic = await self._declare_dynamic(link)
+            address = dynamic
         else:
             address = remote.address
         topic = self._publish_topic(address) if address else None
@@ -589,9 +595,7 @@ class AmqpConnection:
     async def _attach_consumer(self, link: Link) -> None:
         # A dynamic source (request/reply): a transient queue of our naming, its address sent
         # back in the attach, deleted with the link (or the connection), or now if the attach fails.
-        if link.remote_source.dynamic:
-            raise Refused("amqp:not-implemented", "dynamic sources are not supported yet")
-        dynamic = None
+        dynamic = await self._declare_dynamic(link) if link.remote_source.dynamic else None
         try:
             await self._consume(link, dynamic)
         except BaseException:
@@ -686,10 +690,16 @@ class AmqpConnection:
         consumer.closed = True
         if consumer.drain_task is not None:
             consumer.drain_task.cancel()
+        if consumer.flow_task is not None:
+            consumer.flow_task.cancel()
         if consumer.sub is not None:
-            # Unsettled classic deliveries stay pending: the same consumer gets them back when it
-            # reattaches, others after the visibility timeout.
             await consumer.sub.close()
+        # What the link took and the client did not settle goes back to the queue now, in its
+        # order (not after the visibility timeout): another receiver, or this one reattaching,
+        # gets it next.
+        for delivery in consumer.unsettled.values():
+            self._queue_ack("release", delivery)
+        consumer.unsettled.clear()
         await self._delete_dynamic(consumer.dynamic)
 
     def _on_subscription_error(self, consumer: _Consumer, exc: FluxError) -> None:
@@ -710,9 +720,26 @@ class AmqpConnection:
         # The subscription may send what the link can take now. Deliveries sent beyond the
         # credit (a claim that finished after a drain) wait in proton and count against the new
         # credit: none is ever dropped.
+        if self._requeues:
+            # A message this connection released (or nacked) goes back first in line: new credit
+            # waits until the requeue is in the database, or the claim would pass it by.
+            consumer.sub.set_credit(0)
+            if consumer.flow_task is None:
+                consumer.flow_task = asyncio.ensure_future(self._flow_after_requeues(consumer))
+            return
         consumer.sub.set_credit(_available_credit(link))
         if link.drain_mode and link.credit > 0 and consumer.drain_task is None:
             consumer.drain_task = asyncio.ensure_future(self._drain(consumer))
+
+    async def _flow_after_requeues(self, consumer: _Consumer) -> None:
+        try:
+            while self._requeues and not consumer.closed:
+                await self._requeued.wait()
+        finally:
+            consumer.flow_task = None
+        if not consumer.closed and not self._closed:
+            self._on_flow(consumer)
+            self._kick()
 
     async def _drain(self, consumer: _Consumer) -> None:
         """The client asked us to use up or give back its credit: send what is available right
@@ -783,7 +810,8 @@ class AmqpConnection:
             # for our source, which declares no other default)
             self._queue_ack("ack", delivery)
         elif state == PnDelivery.RELEASED:
-            self._queue_ack("nack", delivery)
+            # Not acted upon: back in its place at once, not counted as a failure.
+            self._queue_ack("release", delivery)
         elif state == PnDelivery.REJECTED:
             cond = dlv.remote.condition
             reason = (cond.description or cond.name) if cond is not None else "rejected"
@@ -794,12 +822,15 @@ class AmqpConnection:
             elif dlv.remote.failed:
                 self._queue_ack("nack", delivery)      # a failed attempt: the retry policy applies
             else:
-                self._queue_ack("nack", delivery)
+                self._queue_ack("release", delivery)
         dlv.settle()
 
     def _queue_ack(self, verb: str, delivery: Delivery, reason: str | None = None) -> None:
         key = (verb, delivery.queue, delivery.group, delivery.partition, reason)
         self._acks[key].append(delivery.seq)
+        if verb in REQUEUES:
+            self._requeues += 1
+            self._requeued.clear()
         self._ack_event.set()
         if self._ack_task is None or self._ack_task.done():
             # (a finished task: the connection is closing and links released their deliveries)
@@ -822,11 +853,18 @@ class AmqpConnection:
                         await self.manager.ack(queue, group, seqs, partition)
                     elif verb == "nack":
                         await self.manager.nack(queue, group, seqs, partition)
+                    elif verb == "release":
+                        await self.manager.release(queue, group, seqs, partition)
                     else:
                         await self.manager.reject(queue, group, seqs, reason, partition)
                 except Exception as exc:  # noqa: BLE001 - FluxError or a bug: never stop acking
                     # The entries stay pending and come back after the visibility timeout.
                     log.warning("amqp10 %s: %s of %s %s failed: %s", self.peer, verb, queue, seqs, exc)
+                finally:
+                    if verb in REQUEUES:
+                        self._requeues = max(0, self._requeues - len(seqs))
+                        if not self._requeues:
+                            self._requeued.set()
         self._ack_event.clear()
 
     # ------------------------------------------------------------------------------ publishing

@@ -386,3 +386,33 @@ def test_mqtt_partial_packets_charged_to_the_broker_wide_bound(threaded_broker):
     finally:
         a.close()
         b.close()
+
+
+def test_amqp091_large_double_header_is_deliverable(threaded_broker, qname):
+    """Found by the fuzz harness: a header holding a double above the 32-bit float range was
+    stored but could not be delivered to an AMQP 0-9-1 consumer (a poison message)."""
+    import pika
+
+    from fluxpg.config import QueueConfig
+    srv = threaded_broker(config=Config(queues=[QueueConfig(name=qname)]))
+    # pika and pamqp write Python floats as 32-bit `f`: the `d` header is written by hand
+    table = b"\x04huged" + struct.pack(">d", 1e300) + b"\x05smalld" + struct.pack(">d", 1.5)
+    props_bytes = struct.pack(">HHQH", 60, 0, 3, 0x2000) + struct.pack(">I", len(table)) + table
+    raw = RawAmqp091(srv)
+    raw.open_channel(1)
+    raw.send(1, commands.Basic.Publish(exchange="", routing_key=qname))
+    raw.sock.sendall(struct.pack(">BHI", 2, 1, len(props_bytes)) + props_bytes + b"\xce"
+                     + struct.pack(">BHI", 3, 1, 3) + b"big\xce")
+    conn = pika.BlockingConnection(pika.ConnectionParameters(host="127.0.0.1", port=srv.port("amqp091"),
+                                                             connection_attempts=1, socket_timeout=10))
+    try:
+        ch = conn.channel()
+        method, props, body = None, None, None
+        deadline = time.monotonic() + 10
+        while method is None and time.monotonic() < deadline:
+            method, props, body = ch.basic_get(qname, auto_ack=True)
+        assert body == b"big"
+        assert float(props.headers["huge"]) == 1e300
+    finally:
+        conn.close()
+        raw.sock.close()

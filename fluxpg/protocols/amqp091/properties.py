@@ -146,7 +146,15 @@ def _table_value(value: Any) -> Any:
         return [_table_value(v) for v in value]
     if isinstance(value, int) and not isinstance(value, bool) and not -(2 ** 63) <= value < 2 ** 63:
         return str(value)
+    if isinstance(value, float) and abs(value) > _FLOAT32_MAX and value == value and abs(value) != float("inf"):
+        # pamqp writes every float in a table as a 32-bit `f`: a larger double (a publisher's
+        # `d` header, a number from another protocol) would raise OverflowError and make the
+        # message undeliverable over AMQP 0-9-1. Found by the fuzz harness.
+        return str(value)
     return value
+
+
+_FLOAT32_MAX = 3.4028234663852886e38
 
 
 def delivery_properties(delivery: Delivery) -> tuple[Properties, str, str]:

@@ -40,6 +40,7 @@ from fluxpg.protocols.amqp091.framing import (ACCESS_REFUSED, COMMAND_INVALID, C
                                               UNEXPECTED_FRAME, AMQPError, channel_error, connection_error)
 from fluxpg.protocols.amqp091.properties import delivery_properties, headers_from_properties
 from fluxpg.delivery import Delivery, parse_message_id
+from fluxpg.protocols.errors import reply_for
 from fluxpg.errors import (FluxError, InvalidArgument, PayloadTooLarge, QueueFull, ResourceLocked, Unavailable,
                            UnknownQueue, WrongQueueKind)
 from fluxpg.topics import (QUEUE_PREFIX, ack_verb, internal_group_name, parse_queue_topic,
@@ -66,14 +67,10 @@ def _text_arg(value: Any) -> str:
 
 
 def _error_from_flux(exc: FluxError, method) -> AMQPError:
-    """A queue-engine error as the channel exception RabbitMQ would raise."""
-    if isinstance(exc, UnknownQueue):
-        return channel_error(NOT_FOUND, str(exc), method)
-    if isinstance(exc, ResourceLocked):
-        return channel_error(RESOURCE_LOCKED, str(exc), method)
-    if isinstance(exc, Unavailable):
-        return channel_error(INTERNAL_ERROR, f"database unavailable: {exc}", method)
-    return channel_error(PRECONDITION_FAILED, str(exc), method)
+    """A queue-engine error as the channel exception RabbitMQ would raise (fluxpg/protocols/errors.py)."""
+    code = reply_for(exc).amqp091
+    text = f"database unavailable: {exc}" if isinstance(exc, Unavailable) else str(exc)
+    return channel_error(code, text, method)
 
 
 @dataclass(eq=False)

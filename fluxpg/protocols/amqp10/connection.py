@@ -58,6 +58,7 @@ from fluxpg.protocols.amqp10.framegate import FrameGate
 from fluxpg.protocols.amqp10.messages import MessageError, decode, from_delivery, to_log
 from fluxpg.protocols.amqp10.sasl import SASL_HEADER, SaslCode, SaslError, SaslServer
 from fluxpg.delivery import Delivery
+from fluxpg.protocols.errors import ERRORS, reply_for
 from fluxpg.errors import FluxError, InvalidArgument, UnknownQueue
 from fluxpg.topics import (DLQ_PREFIX, QUEUE_PREFIX, is_queue_topic, parse_queue_topic,
                            split_queue_subscription, validate_queue_name, validate_topic_filter,
@@ -90,15 +91,7 @@ DRAIN_QUIET_POLLS = 3        # polls without a delivery before the rest of the c
 DEFAULT_MAX_MESSAGE_SIZE = LimitsConfig().max_message_size
 
 # FluxError.code → AMQP 1.0 error condition
-ERROR_CONDITIONS = {
-    "not-found": "amqp:not-found",
-    "queue-full": "amqp:resource-limit-exceeded",
-    "too-large": "amqp:link:message-size-exceeded",
-    "invalid": "amqp:invalid-field",
-    "wrong-kind": "amqp:not-allowed",
-    "unavailable": "amqp:internal-error",
-    "limit": "amqp:resource-limit-exceeded",
-}
+ERROR_CONDITIONS = {code: reply.amqp10 for code, reply in ERRORS.items()}  # fluxpg/protocols/errors.py
 
 TOPIC_FILTER_KEYS = {"topic", "topic-filter", "x-topic-filter", "subject-filter"}
 TOPIC_FILTER_DESCRIPTORS = {"apache.org:legacy-amqp-topic-binding:string",
@@ -107,7 +100,7 @@ TOPIC_FILTER_DESCRIPTORS = {"apache.org:legacy-amqp-topic-binding:string",
 
 def _condition(exc: BaseException) -> Condition:
     if isinstance(exc, FluxError):
-        return Condition(ERROR_CONDITIONS.get(exc.code, "amqp:internal-error"), str(exc))
+        return Condition(reply_for(exc).amqp10, str(exc))
     if isinstance(exc, MessageError):
         return Condition("amqp:decode-error", str(exc))
     return Condition("amqp:internal-error", "internal error")

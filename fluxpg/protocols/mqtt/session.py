@@ -53,6 +53,7 @@ from fluxpg import connections
 from fluxpg.aio import cancel_and_wait
 from fluxpg.auth import authorize, subscription
 from fluxpg.delivery import Delivery, parse_message_id
+from fluxpg.protocols.errors import reply_for
 from fluxpg.errors import FluxError, InvalidArgument, PayloadTooLarge, QueueFull, UnknownQueue, WrongQueueKind
 from fluxpg.topics import ack_verb, is_queue_topic, parse_queue_topic, split_queue_subscription
 
@@ -1411,16 +1412,13 @@ def _headers(props: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _flux_reason(exc: BaseException) -> tuple[ReasonCode, str]:
-    if isinstance(exc, QueueFull):
-        return RC.QUOTA_EXCEEDED, str(exc)
-    if isinstance(exc, PayloadTooLarge):
-        return RC.QUOTA_EXCEEDED, str(exc)
-    if isinstance(exc, (InvalidArgument, ValueError)):
-        return RC.TOPIC_NAME_INVALID if "topic" in str(exc) else RC.IMPLEMENTATION_SPECIFIC_ERROR, str(exc)
-    if isinstance(exc, WrongQueueKind):
+    """The reason code of fluxpg/protocols/errors.py; an invalid topic says so (0x90)."""
+    if isinstance(exc, (InvalidArgument, ValueError)) and "topic" in str(exc):
+        return RC.TOPIC_NAME_INVALID, str(exc)
+    if isinstance(exc, FluxError):
+        return ReasonCode(reply_for(exc).mqtt), str(exc)
+    if isinstance(exc, ValueError):
         return RC.IMPLEMENTATION_SPECIFIC_ERROR, str(exc)
-    if isinstance(exc, UnknownQueue):
-        return RC.UNSPECIFIED_ERROR, str(exc)
     return RC.UNSPECIFIED_ERROR, str(exc) or type(exc).__name__
 
 

@@ -54,12 +54,15 @@ def test_paho_over_websocket_qos_0_1_2(threaded_broker, version):
     for i in range(n):
         (tcp_pub if i % 2 else ws_pub).publish(f"{topic}/{i}", f"m{i}".encode(), qos=i % 3)
     got = [sub.get() for _ in range(n)]
-    # Two publishers: per publisher order holds; every message exactly once with its QoS.
+    # Two publishers: every message exactly once with its QoS; order holds per publisher and QoS
+    # (MQTT 5 §4.6 orders messages of one QoS; a QoS 2 message may overtake or trail the
+    # publisher's later QoS 1 one — seen once in a few hundred runs under load).
     assert sorted(m.payload for m in got) == sorted(f"m{i}".encode() for i in range(n))
     assert {m.payload: m.qos for m in got} == {f"m{i}".encode(): i % 3 for i in range(n)}
     for parity in (0, 1):
-        seq = [int(m.payload[1:]) for m in got if int(m.payload[1:]) % 2 == parity]
-        assert seq == sorted(seq)
+        for qos in (0, 1, 2):
+            seq = [int(m.payload[1:]) for m in got if int(m.payload[1:]) % 2 == parity and m.qos == qos]
+            assert seq == sorted(seq)
     sub.nothing(0.3)
     for c in (sub, tcp_pub, ws_pub):
         c.close()

@@ -42,6 +42,7 @@ class ConnectionInfo:
     client_id: str | None = None     # MQTT client id, AMQP container id, …
     user: str | None = None
     task: asyncio.Task | None = field(default=None, repr=False)
+    transport: asyncio.BaseTransport | None = field(default=None, repr=False)
     # Set by the protocol once the client's handshake and login are done (bounds.handshake_timeout:
     # the listener closes a connection that has not got this far in time).
     logged_in: bool = False
@@ -55,10 +56,14 @@ class ConnectionInfo:
                 "client_id": self.client_id, "username": self.user, "since": self.since.isoformat()}
 
     def close(self) -> bool:
-        """Close the connection (cancel its task). False when it had ended already."""
+        """Close the connection: cancel its task and drop its socket (a cancellation alone can be
+        swallowed by a handler blocked in a write; an aborted transport cannot be). False when it
+        had ended already."""
         if self.task is None or self.task.done():
             return False
         self.task.cancel()
+        if self.transport is not None:
+            self.transport.abort()
         return True
 
 

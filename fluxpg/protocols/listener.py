@@ -164,7 +164,8 @@ class Listener:
                 return
             peer = writer.get_extra_info("peername")
             info = self.ctx.registry.add(ConnectionInfo(
-                protocol, f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer), self.name, task=task))
+                protocol, f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer), self.name, task=task,
+                transport=writer.transport))
             # HTTP has no login step of its own (aiohttp bounds its requests; auth is per request).
             watchdog = (loop.call_later(max(0.0, limit - (loop.time() - accepted)), self._handshake_expired, info, limit,
                                           writer)

@@ -138,7 +138,7 @@ class BrokerProcess:
              "--amqp", "off", "--amqp091", "off",
              "--http", f"127.0.0.1:{self.http_port}" if self.http_port else "off"],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 90   # a loaded CI machine: migrate check + start
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(self.proc.stderr.read().decode()[-2000:])

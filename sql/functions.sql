@@ -932,6 +932,24 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION fluxpg.publish_batch(text[], bytea[], jsonb[]) IS 'fluxpg.publish for many messages (in order) in the caller''s transaction; returns (ordinal, queue) per queue reached';
 
+-- Take outbox rows lo..hi (of queue qid, or of every queue when qid is NULL) and append them to the
+-- log in id order; returns how many. The one place the sequencer moves rows.
+CREATE OR REPLACE FUNCTION fluxpg._append_outbox(qid int, lo bigint, hi bigint) RETURNS int
+LANGUAGE plpgsql AS $$
+DECLARE
+  qids int[]; topics text[]; payloads bytea[]; hdrs jsonb[]; keys text[];
+BEGIN
+  WITH taken AS (DELETE FROM fluxpg.outbox o
+                  WHERE o.id BETWEEN lo AND hi AND (qid IS NULL OR o.queue_id = qid) RETURNING o.*)
+  SELECT array_agg(t.queue_id ORDER BY t.id), array_agg(t.topic ORDER BY t.id), array_agg(t.payload ORDER BY t.id),
+         array_agg(t.headers ORDER BY t.id), array_agg(t.part_key ORDER BY t.id)
+    INTO qids, topics, payloads, hdrs, keys
+    FROM taken t;
+  IF qids IS NULL THEN RETURN 0; END IF;
+  PERFORM fluxpg.append_batch(qids, topics, payloads, hdrs, keys);
+  RETURN cardinality(qids);
+END $$;
+
 -- Append committed outbox messages to the log, oldest first. One sequencer at a time (a
 -- transaction-scoped advisory lock; a second caller waits, then sees what committed meanwhile),
 -- so offsets follow the outbox order across nodes. A queue whose append fails (full, for
@@ -953,14 +971,7 @@ BEGIN
   IF upto IS NULL THEN RETURN 0; END IF;
   -- Fast path: everything in one append (one head lock per queue partition, one NOTIFY).
   BEGIN
-    WITH taken AS (DELETE FROM fluxpg.outbox o WHERE o.id <= upto RETURNING o.*)
-    SELECT count(*) INTO n
-      FROM fluxpg.append_batch((SELECT array_agg(t.queue_id ORDER BY t.id) FROM taken t),
-                               (SELECT array_agg(t.topic ORDER BY t.id) FROM taken t),
-                               (SELECT array_agg(t.payload ORDER BY t.id) FROM taken t),
-                               (SELECT array_agg(t.headers ORDER BY t.id) FROM taken t),
-                               (SELECT array_agg(t.part_key ORDER BY t.id) FROM taken t));
-    RETURN n;
+    RETURN fluxpg._append_outbox(NULL, 0, upto);
   EXCEPTION WHEN OTHERS THEN
     NULL;  -- some queue refused: go queue by queue below
   END;
@@ -975,11 +986,7 @@ BEGIN
     END IF;
     FOR r IN SELECT o.id FROM fluxpg.outbox o WHERE o.queue_id = qid AND o.id <= upto ORDER BY o.id LOOP
       BEGIN
-        WITH taken AS (DELETE FROM fluxpg.outbox o WHERE o.id = r.id RETURNING o.*)
-        SELECT count(*) INTO n
-          FROM taken t, fluxpg.append_batch(ARRAY[t.queue_id], ARRAY[t.topic], ARRAY[t.payload],
-                                            ARRAY[t.headers], ARRAY[t.part_key]);
-        moved := moved + n;
+        moved := moved + fluxpg._append_outbox(qid, r.id, r.id);
       EXCEPTION WHEN OTHERS THEN
         UPDATE fluxpg.outbox o SET attempts = o.attempts + 1, last_error = SQLERRM
          WHERE o.queue_id = qid AND o.id <= upto;

@@ -5,18 +5,14 @@ random kills and restarts."""
 from __future__ import annotations
 
 import asyncio
-import os
 import random
-import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import aio_pika
 import pytest
+
+from tests.broker_process import BrokerProcess, free_port, http_ready
 
 pytestmark = pytest.mark.slow
 
@@ -31,48 +27,17 @@ queues:
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class Node(BrokerProcess):
+    """One broker process serving AMQP 0-9-1 and HTTP (healthy when /healthz says so)."""
 
-
-class Node:
     def __init__(self, dsn: str, config: Path, name: str):
-        self.dsn, self.config, self.name = dsn, config, name
         self.amqp_port, self.http_port = free_port(), free_port()
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        env = {**os.environ, "FLUXPG_DSN": self.dsn}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "fluxpg.cli", "serve", "--config", str(self.config),
-             "--mqtt", "off", "--amqp", "off", "--amqp091", f"127.0.0.1:{self.amqp_port}",
-             "--http", f"127.0.0.1:{self.http_port}"],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"node {self.name} exited: {self.proc.stderr.read().decode()[-2000:]}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/healthz", timeout=1) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError(f"node {self.name} did not become healthy")
+        super().__init__(dsn, ["--config", str(config), "--mqtt", "off", "--amqp", "off",
+                               "--amqp091", f"127.0.0.1:{self.amqp_port}", "--http", f"127.0.0.1:{self.http_port}"],
+                         ready=http_ready(self.http_port), name=f"node-{name}")
 
     def kill(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        self.kill9()
 
     @property
     def url(self) -> str:
@@ -141,7 +106,7 @@ def cluster(dsn, tmp_path_factory, qname):
         yield nodes
     finally:
         for node in nodes:
-            node.stop()
+            node.close()
 
 
 async def group_state(dsn, queue):

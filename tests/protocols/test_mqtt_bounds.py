@@ -12,13 +12,11 @@ from __future__ import annotations
 import time
 
 import pytest
-
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProps
+from test_mqtt_paho import Paho, uid, wait_until
 
 from fluxpg.config import Config, QueueConfig
-
-from test_mqtt_paho import Paho, uid, wait_until
 
 KIB = b"x" * 1024
 
@@ -145,13 +143,15 @@ def test_broker_memory_stays_bounded_with_a_stalled_qos1_subscriber(dsn):
     disconnect."""
     import urllib.request
 
-    from test_mqtt_durable_sessions import BrokerProcess, _free_port
+    from test_mqtt_durable_sessions import MqttBrokerProcess
 
-    port, http = _free_port(), _free_port()
-    broker = BrokerProcess(dsn, port, http_port=http)
+    from tests.broker_process import free_port
+
+    port, http = free_port(), free_port()
+    broker = MqttBrokerProcess(dsn, port, http_port=http)
     broker.start()
     try:
-        rss = lambda: int(next(l for l in open(f"/proc/{broker.proc.pid}/status") if l.startswith("VmRSS")).split()[1]) * 1024  # noqa: E731
+        rss = lambda: int(next(l for l in open(f"/proc/{broker.proc.pid}/status") if l.startswith("VmRSS")).split()[1]) * 1024
         topic = f"mem/{uid()}"
         sub = Paho(port)
         sub.subscribe(topic, qos=1)
@@ -171,4 +171,4 @@ def test_broker_memory_stays_bounded_with_a_stalled_qos1_subscriber(dsn):
         assert grown < 48 * 2 ** 20, f"broker RSS grew by {grown / 2**20:.0f} MiB for 80 MiB published"
         pub.close()
     finally:
-        broker.stop()
+        broker.close()

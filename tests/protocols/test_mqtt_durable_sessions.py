@@ -4,19 +4,13 @@ on node B takes the session over from node A (A's client gets DISCONNECT 0x8E); 
 the stored state. Real paho clients (3.1.1 and 5.0), counted exactly."""
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-
 import asyncpg
 import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProps
-
 from test_mqtt_paho import V5, V311, Paho, uid, wait_until
+
+from tests.broker_process import BrokerProcess, free_port, tcp_ready
 
 
 def persistent(version, client_id, port, expiry=300, **kw) -> Paho:
@@ -89,7 +83,10 @@ def test_takeover_across_nodes_moves_the_session(threaded_broker, dsn):
         pub.publish(topic, b"m%d" % i, qos=1)
     # A's client received them but does not acknowledge: they are in flight on node A.
     assert sorted(m.payload for m in collect(on_a, 5)) == [b"m%d" % i for i in range(5)]
-    # Same client id on node B while connected to A.
+    # Same client id on node B while connected to A. paho reconnects on its own after a server's
+    # DISCONNECT, which would take the session back to A (two devices sharing a client id fight
+    # over it): this one stays down, as a device whose session moved does.
+    on_a.c.reconnect_delay_set(min_delay=3600, max_delay=3600)
     on_b = persistent(V5, cid, b.port("mqtt"))
     assert on_b.connack_flags.session_present
     assert on_a.disconnected.wait(10)
@@ -120,46 +117,11 @@ def test_expiry_removes_stored_state(threaded_broker, dsn):
     again.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class BrokerProcess:
-    def __init__(self, dsn: str, port: int, http_port: int | None = None):
-        self.dsn, self.port, self.http_port = dsn, port, http_port
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        env = {**os.environ, "FLUXPG_DSN": self.dsn}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "fluxpg.cli", "serve", "--mqtt", f"127.0.0.1:{self.port}",
-             "--amqp", "off", "--amqp091", "off",
-             "--http", f"127.0.0.1:{self.http_port}" if self.http_port else "off"],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        deadline = time.monotonic() + 90   # a loaded CI machine: migrate check + start
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(self.proc.stderr.read().decode()[-2000:])
-            try:
-                socket.create_connection(("127.0.0.1", self.port), 0.5).close()
-                return
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError("broker did not start")
-
-    def kill9(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+def MqttBrokerProcess(dsn: str, port: int, http_port: int | None = None) -> BrokerProcess:
+    """A broker process serving MQTT only (and HTTP when asked)."""
+    return BrokerProcess(dsn, ["--mqtt", f"127.0.0.1:{port}", "--amqp", "off", "--amqp091", "off",
+                               "--http", f"127.0.0.1:{http_port}" if http_port else "off"],
+                         ready=tcp_ready(port), name="mqtt-broker")
 
 
 @pytest.mark.slow
@@ -167,8 +129,8 @@ class BrokerProcess:
 def test_session_survives_kill_9(dsn, version):
     """Everything the publisher got a PUBACK/PUBCOMP for, and the messages in flight to the
     subscriber when the broker was killed, arrive after the restart; QoS 2 exactly once."""
-    port = _free_port()
-    broker = BrokerProcess(dsn, port)
+    port = free_port()
+    broker = MqttBrokerProcess(dsn, port)
     broker.start()
     try:
         topic = f"k9/{uid()}"
@@ -196,15 +158,15 @@ def test_session_survives_kill_9(dsn, version):
         assert sorted(got_before) == sorted(b"a%d" % i for i in range(20))
         again.close()
     finally:
-        broker.stop()
+        broker.close()
 
 
 @pytest.mark.slow
 def test_will_of_a_connection_lost_with_a_killed_broker_is_published_after_restart(dsn):
     """The device's connection died with the broker (kill -9): the node that adopts its session
     publishes its will; a persistent watcher gets it when it reconnects."""
-    port = _free_port()
-    broker = BrokerProcess(dsn, port)
+    port = free_port()
+    broker = MqttBrokerProcess(dsn, port)
     broker.start()
     try:
         topic = f"wills/{uid()}"
@@ -225,4 +187,4 @@ def test_will_of_a_connection_lost_with_a_killed_broker_is_published_after_resta
         again.nothing(0.5)
         again.close()
     finally:
-        broker.stop()
+        broker.close()

@@ -250,6 +250,13 @@ class QueueTopic(NamedTuple):
     routing_key: str
 
 
+# Topics up to this length are remembered once parsed: front-ends parse the same few topics for
+# every message (~11 µs each on the publish path), and the cache stays small (at most
+# _PARSED_MAX entries of _CACHE_TOPIC_LEN characters) whatever clients send.
+_CACHE_TOPIC_LEN = 512
+_PARSED_MAX = 1024
+
+
 def parse_queue_topic(topic: str) -> QueueTopic:
     """`$queue/orders/eu/images` → QueueTopic("orders", "eu/images"); `$queue/orders` → ("orders", "").
 
@@ -257,6 +264,12 @@ def parse_queue_topic(topic: str) -> QueueTopic:
     """
     if not isinstance(topic, str) or not topic.startswith(QUEUE_PREFIX):
         raise InvalidArgument(f"{topic!r} is not a queue topic (expected {QUEUE_PREFIX}<name>[/<routing key>])")
+    if len(topic) <= _CACHE_TOPIC_LEN:
+        return _parse_queue_topic_cached(topic)   # a refused topic raises and is not cached
+    return _parse_queue_topic(topic)
+
+
+def _parse_queue_topic(topic: str) -> QueueTopic:
     queue, routing_key = _split_name(topic[len(QUEUE_PREFIX) :], topic)
     routing_key = routing_key or ""
     if "+" in routing_key or "#" in routing_key:
@@ -264,6 +277,9 @@ def parse_queue_topic(topic: str) -> QueueTopic:
     if "\x00" in routing_key:
         raise InvalidArgument(f"{topic!r} contains a NUL character")
     return QueueTopic(queue, routing_key)
+
+
+_parse_queue_topic_cached = lru_cache(maxsize=_PARSED_MAX)(_parse_queue_topic)
 
 
 def split_queue_subscription(topic_or_name: str) -> tuple[str, str | None]:

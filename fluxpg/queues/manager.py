@@ -331,6 +331,9 @@ class QueueManager:
         self.queues_by_id: dict[int, QueueInfo] = {}
         self._bindings: TopicTree[str] = TopicTree()
         self._routes: dict[str, list[QueueInfo]] = {}   # topic → target queues, cleared on reload
+        # The largest max_message_size over the queues (0: one is unlimited), or None: recompute.
+        # Front-ends check it per message before buffering a body; queues change rarely.
+        self._largest_limit: int | None = None
         self._reserved_bindings: TopicTree[str] = TopicTree()
         self.subscriptions: set[Subscription] = set()
         # AMQP 0-9-1 exclusive consumers of this node: queue → the consumer holding it (front-ends
@@ -468,6 +471,7 @@ class QueueManager:
         self.queues = queues
         self.queues_by_id = {q.id: q for q in queues.values()}
         self._routes = {}
+        self._largest_limit = None
         self._bindings, self._reserved_bindings = bindings, reserved
         # A queue deleted elsewhere (another node's queue.delete, the CLI): its consumers here end
         # now (AMQP basic.cancel), even those idle without credit that would never read again.
@@ -506,6 +510,7 @@ class QueueManager:
         for t in info.topics:
             self._bindings.add(t, info.name)
         self._routes = {}
+        self._largest_limit = None
 
     def _forget(self, queue_id: int) -> None:
         info = self.queues_by_id.pop(queue_id, None)
@@ -516,10 +521,21 @@ class QueueManager:
         for t in info.topics:
             self._bindings.remove(t, info.name)
         self._routes = {}
+        self._largest_limit = None
         self._wake(queue_id)   # its consumers find out at once (their next claim: unknown queue)
 
     def queue_info(self, name: str) -> QueueInfo | None:
         return self.queues.get(name)
+
+    def largest_message_limit(self, default: int) -> int:
+        """The largest limits.max_message_size of any queue known here, at least `default`;
+        0 when some queue has no limit. Cached until the queues change (reload, declare, delete)."""
+        limit = self._largest_limit
+        if limit is None:
+            sizes = [q.max_message_size for q in self.queues.values()]
+            limit = 0 if any(s == 0 for s in sizes) else max(sizes + [default])
+            self._largest_limit = limit
+        return limit
 
     async def _require_queue(self, name: str) -> QueueInfo:
         info = self.queues.get(name)

@@ -94,7 +94,8 @@ class Connection:
 
     def write_buffer_size(self) -> int:
         t = getattr(self.transport, "transport", None)
-        return t.get_write_buffer_size() if t is not None else 0
+        pending = getattr(self.transport, "pending_bytes", None)
+        return (t.get_write_buffer_size() if t is not None else 0) + (pending() if pending is not None else 0)
 
     async def drain_writes(self) -> None:
         try:
@@ -301,19 +302,42 @@ class Connection:
 
 
 class _Transport:
-    """The asyncio StreamWriter as the transport Connection writes to."""
+    """The asyncio StreamWriter as the transport Connection writes to.
+
+    Writes made in one turn of the event loop go out as one: a batch of deliveries, a confirm
+    and the deliveries of another channel become one send() instead of one system call each
+    (that cost ~10 % of the broker's CPU with prefetch 100). Order is kept (one buffer, flushed
+    before anything else is written); drain() flushes first, so back-pressure sees every byte."""
 
     def __init__(self, writer: asyncio.StreamWriter):
         self.writer = writer
         self.transport = writer.transport
+        self._pending: list[bytes] = []
+        self._pending_bytes = 0
 
     def write(self, data: bytes) -> None:
-        self.writer.write(data)
+        if not self._pending:
+            asyncio.get_running_loop().call_soon(self.flush)
+        self._pending.append(data)
+        self._pending_bytes += len(data)
+
+    def flush(self) -> None:
+        if not self._pending:
+            return
+        data = self._pending[0] if len(self._pending) == 1 else b"".join(self._pending)
+        self._pending.clear()
+        self._pending_bytes = 0
+        if not self.writer.is_closing():
+            self.writer.write(data)
+
+    def pending_bytes(self) -> int:
+        return self._pending_bytes
 
     def is_closing(self) -> bool:
         return self.writer.is_closing()
 
     async def drain(self) -> None:
+        self.flush()
         await self.writer.drain()
 
 
@@ -367,7 +391,7 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ini
                     await conn.close_with(connection_error(
                         FRAME_ERROR, f"frame not completed within {frame_timeout:g}s of its first byte "
                         "(bounds.frame_timeout)"))
-                    await writer.drain()
+                    await conn.transport.drain()   # flushes what is pending too
                 elif conn.state == "open":
                     log.info("amqp091 %s: no traffic for %ss (2 heartbeat intervals): closing", conn.name, timeout)
                 elif conn.state != "closing":
@@ -380,7 +404,7 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ini
             except FrameError as exc:
                 # The stream cannot be framed any more: say why, then hang up.
                 await conn.close_with(connection_error(exc.code, str(exc)))
-                await writer.drain()
+                await conn.transport.drain()   # flushes what is pending too
                 break
             decoder.max_frame = conn.frame_max if conn.state in ("open", "open-wait") else SERVER_FRAME_MAX
             if not decoder.buffered:
@@ -397,10 +421,10 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ini
                     decoder.feed(b"")
                 except FrameError as exc:
                     await conn.close_with(connection_error(exc.code, str(exc)))
-                    await writer.drain()
+                    await conn.transport.drain()   # flushes what is pending too
                     break
             if conn.state == "open":
-                await writer.drain()
+                await conn.transport.drain()   # flushes what is pending too
     except asyncio.CancelledError:
         # Server shutdown (Server.close cancels connection tasks): tell the client why, best
         # effort, and end normally — the connection is over either way, and a cancelled task
@@ -412,6 +436,10 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ini
         pass
     finally:
         beat.cancel()
+        try:
+            conn.transport.flush()   # a last frame (connection.close) goes out before the socket closes
+        except Exception:  # noqa: BLE001 - the socket may be gone already
+            pass
         try:
             await asyncio.shield(conn.shutdown())
         except Exception:  # noqa: BLE001

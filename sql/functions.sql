@@ -224,7 +224,33 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION fluxpg.resolve_group(text, text) IS 'The internal name of a group given as group or group@filter: exact match first, else the only group whose part before @ matches; FP005 naming the groups otherwise';
 
--- Remember that a consumer is alive (throttled to one write a second per consumer).
+-- Lock order of a queue's consumer state, the one every path follows: queue row, heads, group
+-- row, cursor rows, member rows — the order in which `DELETE FROM fluxpg.queues` (an operator's,
+-- or fluxpg.delete_queue) and `DELETE FROM fluxpg.groups` cascade, which nothing can change. So a
+-- consumer never waits for a group row while holding anything of it (the last_active_at stamp is
+-- skipped when the row is locked), and a claim or read locks its member row last, after the
+-- cursor row: _ensure_member at the start only creates a missing member row (an existing one is
+-- not locked), _touch_member at the end stamps it. Pending rows are taken SKIP LOCKED.
+
+-- A consumer's member row exists (created on first use, before the cursor row is locked: the
+-- insert's foreign key check waits on the group row, which a cascade locks before the cursors).
+-- An existing row is neither locked nor written here.
+CREATE OR REPLACE FUNCTION fluxpg._ensure_member(gid int, consumer text) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+  IF consumer IS NULL OR consumer = '' THEN
+    RAISE EXCEPTION USING ERRCODE = 'FP004', MESSAGE = 'consumer name must not be empty';
+  END IF;
+  IF NOT EXISTS (SELECT 1 FROM fluxpg.members m WHERE m.group_id = gid AND m.name = consumer) THEN
+    INSERT INTO fluxpg.members (group_id, name, node_id, last_seen_at)
+    VALUES (gid, consumer, nullif(current_setting('fluxpg.node_id', true), '')::int, now())
+    ON CONFLICT (group_id, name) DO NOTHING;
+  END IF;
+END $$;
+
+-- Remember that a consumer is alive (throttled to one write a second per consumer). Locks the
+-- member row (ON CONFLICT DO UPDATE locks it even when the throttle skips the write): call it
+-- after the cursor row, never before (see the lock order above).
 CREATE OR REPLACE FUNCTION fluxpg._touch_member(gid int, consumer text) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -237,10 +263,19 @@ BEGIN
      SET last_seen_at = now(), node_id = EXCLUDED.node_id
    WHERE m.last_seen_at < now() - interval '1 second' OR m.node_id IS DISTINCT FROM EXCLUDED.node_id;
   IF FOUND THEN
-    UPDATE fluxpg.groups SET last_active_at = now()
-     WHERE id = gid AND last_active_at < now() - interval '10 seconds';
+    PERFORM fluxpg._stamp_group(gid);
   END IF;
 END $$;
+
+-- groups.last_active_at, at most every 10 seconds, and never by waiting: a group row locked by
+-- someone else (a cascade deleting it, another consumer stamping it) is left as it is.
+CREATE OR REPLACE FUNCTION fluxpg._stamp_group(gid int) RETURNS void
+LANGUAGE sql AS $$
+  UPDATE fluxpg.groups SET last_active_at = now()
+   WHERE id IN (SELECT g.id FROM fluxpg.groups g
+                 WHERE g.id = gid AND g.last_active_at < now() - interval '10 seconds'
+                   FOR NO KEY UPDATE SKIP LOCKED)
+$$;
 
 -- ---------------------------------------------------------------------------------------------
 -- Queues and segments
@@ -1325,16 +1360,22 @@ BEGIN
     RAISE EXCEPTION USING ERRCODE = 'FP004', MESSAGE = format('claim: n must be at least 1, got %s', n);
   END IF;
   g := fluxpg._group(q, grp);
-  PERFORM fluxpg._touch_member(g.id, consumer);
+  PERFORM fluxpg._ensure_member(g.id, consumer);
   -- Redeliveries first (visibility timeout or nack backoff passed), to any consumer. The
   -- EXISTS probe spares the call when nothing is due (the common case).
   IF EXISTS (SELECT 1 FROM fluxpg.pending p WHERE p.group_id = g.id AND p.visible_at <= now()) THEN
     RETURN QUERY SELECT * FROM fluxpg._take_pending(q, g, consumer, n, 'due');
     GET DIAGNOSTICS got = ROW_COUNT;
   END IF;
-  IF got >= n THEN RETURN; END IF;
+  IF got >= n THEN
+    PERFORM fluxpg._touch_member(g.id, consumer);
+    RETURN;
+  END IF;
   w := fluxpg._window(q, g, 0, n - got, NULL);
-  IF w.take = 0 THEN RETURN; END IF;
+  IF w.take = 0 THEN
+    PERFORM fluxpg._touch_member(g.id, consumer);   -- after the cursor row (lock order)
+    RETURN;
+  END IF;
   vt := fluxpg._interval(q.settings #>> '{delivery,visibility_timeout}');
   -- A dead-letter queue some of whose messages were redriven: those left it (fluxpg.redrive).
   skip_redriven := fluxpg._has_redriven(q.id);
@@ -1372,6 +1413,7 @@ BEGIN
       PERFORM fluxpg._dead_letter(q, g, 0, dead, 'expired');
     END IF;
   END IF;
+  PERFORM fluxpg._touch_member(g.id, consumer);
 END $$;
 COMMENT ON FUNCTION fluxpg.claim(text, text, text, int) IS 'Classic queues: up to n messages for a consumer, redeliveries first, then new ones from the group cursor';
 
@@ -1478,8 +1520,12 @@ BEGIN
   VALUES (g.id, consumer, nullif(current_setting('fluxpg.node_id', true), '')::int, now())
   ON CONFLICT (group_id, name) DO UPDATE SET last_seen_at = now(), node_id = EXCLUDED.node_id
   RETURNING (xmax = 0) INTO joined;
-  UPDATE fluxpg.groups SET last_active_at = now() WHERE id = g.id AND last_active_at < now() - interval '10 seconds';
-  DELETE FROM fluxpg.members WHERE group_id = g.id AND last_seen_at < now() - timeout;
+  PERFORM fluxpg._stamp_group(g.id);
+  -- Members silent too long leave; one whose row is locked (a cascade deleting it, another
+  -- member removing it) is passed over rather than waited for while this member's row is held.
+  DELETE FROM fluxpg.members WHERE (group_id, name) IN (
+    SELECT mb.group_id, mb.name FROM fluxpg.members mb
+     WHERE mb.group_id = g.id AND mb.last_seen_at < now() - timeout FOR UPDATE SKIP LOCKED);
   SELECT array_agg(name ORDER BY name) INTO live FROM fluxpg.members WHERE group_id = g.id;
   m := cardinality(live);
   IF joined THEN
@@ -1533,8 +1579,9 @@ BEGIN
     parts := fluxpg._rebalance(q, g, consumer);
     every := interval '0';
   ELSE
-    -- One partition: every member reads it, one batch at a time (the cursor row lock).
-    PERFORM fluxpg._touch_member(g.id, consumer);
+    -- One partition: every member reads it, one batch at a time (the cursor row lock); the
+    -- member row is stamped after the cursor row (lock order, see _touch_member).
+    PERFORM fluxpg._ensure_member(g.id, consumer);
     parts := ARRAY[0];
     every := fluxpg._interval(q.settings #>> '{delivery,auto_commit_interval}');
   END IF;
@@ -1564,6 +1611,9 @@ BEGIN
     GET DIAGNOSTICS k = ROW_COUNT;
     got := got + k;
   END LOOP;
+  IF q.partitions = 1 THEN
+    PERFORM fluxpg._touch_member(g.id, consumer);
+  END IF;
 END $$;
 COMMENT ON FUNCTION fluxpg.read(text, text, text, int) IS 'Stream queues: up to n messages from the group cursor; no pending entries; auto-commit groups commit what earlier reads delivered (partitioned streams: this member''s partitions, commit-on-get)';
 
@@ -2068,6 +2118,8 @@ DECLARE
   k int := 0;
 BEGIN
   PERFORM set_config('lock_timeout', '100ms', true);
+  -- First, while this transaction holds no head row an appender could be waiting for.
+  PERFORM fluxpg.drop_deleted_logs();
   FOR s IN SELECT * FROM fluxpg.due_segments() ORDER BY 1, 3, 5 LOOP
     BEGIN
       PERFORM 1 FROM fluxpg.heads h WHERE h.queue_id = s.queue_id ORDER BY h.partition FOR UPDATE;
@@ -2088,6 +2140,55 @@ COMMENT ON FUNCTION fluxpg.enforce_retention() IS 'Drop the segments retention a
 -- ---------------------------------------------------------------------------------------------
 -- Purge and delete (AMQP 0-9-1 queue.purge / queue.delete, as RabbitMQ does them)
 -- ---------------------------------------------------------------------------------------------
+
+-- The log table (with its segments) of a queue whose row is gone. Dropping it locks the table
+-- and fluxpg.log itself (ACCESS EXCLUSIVE), which every claim and append of every queue holds a
+-- moment. `wait` false (fluxpg.delete_queue, whose row locks a claim of this queue may be
+-- waiting for): the queue's table only if nobody holds it now (NOWAIT; a claim holding it could
+-- be waiting for us: a deadlock), then fluxpg.log for at most 100 ms (its holders of other
+-- queues never wait for this transaction's rows). `wait` true (fluxpg.drop_deleted_logs, in a
+-- transaction holding no row locks): up to 100 ms for each. Returns whether it was dropped; a
+-- busy table stays for fluxpg.drop_deleted_logs (the retention loop) to drop.
+CREATE OR REPLACE FUNCTION fluxpg._drop_log(qid int, wait boolean) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+  tbl text := 'log_' || qid;
+  timeout text := current_setting('lock_timeout');
+BEGIN
+  IF to_regclass(format('fluxpg.%I', tbl)) IS NULL THEN RETURN false; END IF;
+  BEGIN
+    PERFORM set_config('lock_timeout', '100ms', true);
+    EXECUTE format('LOCK TABLE fluxpg.%I IN ACCESS EXCLUSIVE MODE%s', tbl, CASE WHEN wait THEN '' ELSE ' NOWAIT' END);
+    EXECUTE format('DROP TABLE fluxpg.%I CASCADE', tbl);
+    PERFORM set_config('lock_timeout', timeout, true);
+    RETURN true;
+  EXCEPTION WHEN lock_not_available THEN   -- the subtransaction's locks and settings are undone
+    RAISE NOTICE 'fluxpg: log table % is busy; the retention loop drops it', tbl;
+    RETURN false;
+  END;
+END $$;
+
+-- Log tables of queues that are gone: an operator's DELETE FROM fluxpg.queues leaves them (a
+-- cascade cannot drop a table), fluxpg.delete_queue when they were busy. Run by the retention
+-- loop (enforce_retention) and by the broker after it deletes a queue. Returns how many it dropped.
+CREATE OR REPLACE FUNCTION fluxpg.drop_deleted_logs() RETURNS int
+LANGUAGE plpgsql AS $$
+DECLARE
+  qid int;
+  k int := 0;
+BEGIN
+  FOR qid IN
+    SELECT substr(c.relname, 5)::int FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+     WHERE i.inhparent = 'fluxpg.log'::regclass AND c.relname ~ '^log_[0-9]+$'
+       AND NOT EXISTS (SELECT 1 FROM fluxpg.queues q WHERE q.id = substr(c.relname, 5)::int)
+     ORDER BY 1
+  LOOP
+    IF fluxpg._drop_log(qid, true) THEN k := k + 1; END IF;
+  END LOOP;
+  RETURN k;
+END $$;
+COMMENT ON FUNCTION fluxpg.drop_deleted_logs() IS 'Drop the log tables of deleted queues (an operator''s DELETE FROM fluxpg.queues leaves them); returns how many';
+
 
 -- Messages of a classic queue that no group has delivered yet (not expired), from the lowest
 -- group cursor (no group yet: from the oldest retained message) to the head. Reading them is a
@@ -2174,16 +2275,19 @@ BEGIN
     RAISE EXCEPTION USING ERRCODE = 'FP008',
       MESSAGE = format('queue %L not empty (%s waiting, %s unacknowledged)', queue, n, npending);
   END IF;
-  -- Lock order as an ack's (pending rows, then the head): pending first, so a consumer acking
-  -- meanwhile waits or finishes instead of deadlocking. pending has no foreign key (it is the
-  -- hottest table); its rows go by group id, once more after the cascade for entries a claim
-  -- inserted while it held a cursor row the cascade was waiting for.
+  -- Pending rows first, as a claim takes them (SKIP LOCKED, before its cursor row): a consumer
+  -- acking or claiming meanwhile finishes, and this waits. pending has no foreign key (it is the
+  -- hottest table); its rows go by group id. Then the queue row, whose cascade locks heads,
+  -- groups, cursors and members in the order every consumer follows (see _touch_member).
   gids := ARRAY(SELECT id FROM fluxpg.groups WHERE queue_id = q.id);
   DELETE FROM fluxpg.pending WHERE group_id = ANY (gids);
   DELETE FROM fluxpg.queues WHERE id = q.id;          -- heads, groups, cursors, members cascade
-  DELETE FROM fluxpg.pending WHERE group_id = ANY (gids);
-  -- The queue's log table with all its segments (a short lock on fluxpg.log, like retention's).
-  EXECUTE format('DROP TABLE IF EXISTS fluxpg.%I CASCADE', 'log_' || q.id);
+  -- Entries a claim inserted while it held a cursor row the cascade waited for. SKIP LOCKED: a
+  -- row another claim holds belongs to a claim now waiting for this transaction (a cursor row);
+  -- waiting for it in turn would be a deadlock. Such a claim fails once this commits.
+  DELETE FROM fluxpg.pending WHERE (group_id, partition, seq) IN (
+    SELECT p.group_id, p.partition, p.seq FROM fluxpg.pending p WHERE p.group_id = ANY (gids) FOR UPDATE SKIP LOCKED);
+  PERFORM fluxpg._drop_log(q.id, false);
   PERFORM pg_notify('fluxpg_queues', q.id::text);
   PERFORM pg_notify('fluxpg_log', q.id::text);
   RETURN n;

@@ -815,9 +815,12 @@ class QueueManager:
 
     async def _retry_deadlock(self, query: str, *args: Any, attempts: int = 5) -> Any:
         """Purge and delete lock a queue's head, cursors and pending rows together while its
-        consumers claim and ack (which lock them in their own order); PostgreSQL breaks such a
-        deadlock by aborting one side (40P01). The aborted purge/delete changed nothing: run it
-        again (pika's suite deleted a queue under a busy consumer and got 541 before this)."""
+        consumers claim and ack. Claims and deletes now lock in one order (sql/functions.sql,
+        above _ensure_member; tests/integration/test_delete_lock_order.py), but transient
+        queues' acks and dead-lettering also lock log rows and heads, whose order against purge
+        is not proven; PostgreSQL breaks such a deadlock by aborting one side (40P01). The
+        aborted purge/delete changed nothing: run it again (pika's suite deleted a queue under a
+        busy consumer and got 541 before the lock order was fixed)."""
         for attempt in range(attempts):
             try:
                 return await db.fetchval(self.pool, query, *args)
@@ -847,6 +850,11 @@ class QueueManager:
         # Consumers of this node were judged above; the SQL judges other nodes' by their last read.
         window = timedelta(seconds=max(CLASSIC_POLL * 10, self.qm.heartbeat_interval.total_seconds()))
         n = int(await self._retry_deadlock("delete_queue", name, if_unused, if_empty, window))
+        # Its log table, if delete_queue found it busy: now, in a transaction holding no row locks.
+        try:
+            await self.pool.fetchval(db.queries("queue_lifecycle_queries.sql")["drop_deleted_logs"])
+        except Exception as exc:  # noqa: BLE001 - the retention loop drops it later
+            log.info("log table of deleted queue %r left for the retention loop: %s", name, exc)
         await self.reload_queues()
         gone = UnknownQueue(f"queue {name!r} was deleted")
         for sub in [s for s in self.subscriptions if s.queue == name]:

@@ -19,6 +19,7 @@ from fluxpg.aio import cancel_and_wait
 log = logging.getLogger("fluxpg.retention")
 
 RETENTION_LOCK = 0x666C7072  # 'flpr'
+LIFECYCLE_QUERIES = "queue_lifecycle_queries.sql"
 
 
 class RetentionLoop:
@@ -49,6 +50,10 @@ class RetentionLoop:
             return 0
         conn = self._conn
         q = db.queries()
+        # Log tables of deleted queues (an operator's DELETE leaves them; delete_queue when busy).
+        gone = await conn.fetchval(db.queries(LIFECYCLE_QUERIES)["drop_deleted_logs"])
+        if gone:
+            log.info("dropped the log tables of %d deleted queues", gone)
         # A DETACH … CONCURRENTLY interrupted by a crash leaves the segment half-detached.
         for row in await conn.fetch(q["detach_pending_segments"]):
             await conn.execute(f"ALTER TABLE {row['parent']} DETACH PARTITION {row['segment']} FINALIZE")

@@ -334,14 +334,9 @@ async def test_consumer_cancelled_by_server_when_queue_goes_away(broker, qname, 
     db = await asyncpg.connect(dsn)
     try:
         # An operator drops the queue (no AMQP way to do so: queue.delete of durable queues is refused).
-        # A raw DELETE can meet the consumer's claim in a deadlock (cascade vs cursor lock order,
-        # noted in the issue); an operator retries it, and so does the test.
-        for attempt in range(5):
-            try:
-                await db.execute("DELETE FROM fluxpg.queues WHERE name = $1", qname)
-                break
-            except asyncpg.DeadlockDetectedError:
-                await asyncio.sleep(0.1)
+        # Consumers lock in the cascade's order, so this never meets the claim in a deadlock
+        # (tests/integration/test_delete_lock_order.py).
+        await db.execute("DELETE FROM fluxpg.queues WHERE name = $1", qname)
     finally:
         await db.close()
     m = await c.method(timeout=10)

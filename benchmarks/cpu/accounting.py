@@ -143,7 +143,10 @@ class Broker:
     """`fluxpg serve` as a subprocess on free ports against `dsn` (a database of its own), and a
     Meter over it: groups `broker` (its process tree) and `pg` (backends of its database)."""
 
-    def __init__(self, dsn: str, admin_dsn: str, config_yaml: str, listeners: Iterable[str], workers: int = 1):
+    def __init__(self, dsn: str, admin_dsn: str, config_yaml: str, listeners: Iterable[str], workers: int = 1,
+                 repo: Path | None = None):
+        # repo: run the fluxpg of another checkout (`python -m fluxpg.cli` from its directory),
+        # to compare two versions in one interleaved run.
         self.dsn, self.admin_dsn = dsn, admin_dsn
         self.ports = {name: free_port() for name in listeners}
         self.http = free_port()
@@ -157,7 +160,7 @@ class Broker:
         if workers > 1:
             args += ["--workers", str(workers)]
         self.log = self.dir / "broker.log"
-        self.proc = subprocess.Popen(args, stdout=self.log.open("wb"), stderr=subprocess.STDOUT, cwd=REPO)
+        self.proc = subprocess.Popen(args, stdout=self.log.open("wb"), stderr=subprocess.STDOUT, cwd=repo or REPO)
         deadline = time.monotonic() + 120
         while True:
             try:

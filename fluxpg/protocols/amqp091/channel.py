@@ -1012,7 +1012,7 @@ class Channel:
         self._delivery_tag += 1
         tag = self._delivery_tag
         props, exchange, rk = delivery_properties(d)
-        frames = (framing.method_frame(self.id, framing.build(Basic.Deliver, consumer.tag, tag, d.redelivered, exchange, rk))
+        frames = (framing.deliver_frame(self.id, consumer.tag, tag, d.redelivered, exchange, rk)
                   + framing.content_frames(self.id, props, d.payload, self.conn.frame_max))
         if consumer.no_ack:
             self._settle_op("ack", d.queue, d.group, d.partition, d.seq)

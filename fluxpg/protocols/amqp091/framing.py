@@ -270,11 +270,127 @@ def method_frame(channel: int, method: base.Frame) -> bytes:
     return _frame(FRAME_METHOD, channel, _method_payload(method))
 
 
+# ----------------------------------------------------------------- encoding: the delivery fast path
+#
+# Every delivery encodes a basic.deliver and a content header whose headers table carries the
+# delivery properties (message-id, offset …). pamqp encodes field by field through generic
+# dispatch (by_type, isinstance chains): ~9 % of the broker's CPU when consuming. The functions
+# below write the same bytes directly for the value types deliveries carry (str, int, bool, None,
+# nested tables and arrays) and give up (_Slow) on anything else — a float, a timestamp in a
+# table, a string too long for a shortstr, a key longer than 128 bytes — which then goes through
+# pamqp exactly as before. tests/unit/test_amqp091_fastcodec.py checks byte equality with pamqp.
+
+class _Slow(Exception):
+    """A value the fast path does not encode: use pamqp."""
+
+
+_U8 = struct.Struct(">B")
+_U32 = struct.Struct(">I")
+_INT_FORMATS = ((-128, 127, b"b", struct.Struct(">b")), (-32768, 32767, b"s", struct.Struct(">h")),
+                (0, 65535, b"u", struct.Struct(">H")), (-2 ** 31, 2 ** 31 - 1, b"I", struct.Struct(">i")),
+                (0, 2 ** 32 - 1, b"i", struct.Struct(">I")), (-2 ** 63, 2 ** 63 - 1, b"l", struct.Struct(">q")))
+
+
+def _fast_shortstr(value) -> bytes:
+    if type(value) is not str:
+        raise _Slow
+    raw = value.encode("utf-8")
+    if len(raw) > 255:
+        raise _Slow
+    return _U8.pack(len(raw)) + raw
+
+
+def _fast_value(value) -> bytes:
+    t = type(value)
+    if t is str:
+        raw = value.encode("utf-8")
+        return b"S" + _U32.pack(len(raw)) + raw
+    if t is bool:
+        return b"t\x01" if value else b"t\x00"
+    if t is int:
+        if encode.DEPRECATED_RABBITMQ_SUPPORT:
+            raise _Slow
+        for low, high, tag, fmt in _INT_FORMATS:
+            if low <= value <= high:
+                return tag + fmt.pack(value)
+        raise _Slow
+    if t is dict:
+        return b"F" + _fast_table(value)
+    if t is list:
+        data = b"".join([_fast_value(v) for v in value])
+        return b"A" + _U32.pack(len(data)) + data
+    if value is None:
+        return b"V"
+    raise _Slow
+
+
+def _fast_table(table) -> bytes:
+    if not table:
+        return b"\x00\x00\x00\x00"
+    if type(table) is not dict:
+        raise _Slow
+    parts = []
+    for key, value in sorted(table.items()):
+        if type(key) is not str:
+            raise _Slow
+        raw = key.encode("utf-8")
+        if len(raw) > 128:
+            raise _Slow   # pamqp truncates (and logs)
+        parts.append(_U8.pack(len(raw)) + raw)
+        parts.append(_fast_value(value))
+    data = b"".join(parts)
+    return _U32.pack(len(data)) + data
+
+
+def _fast_octet(value) -> bytes:
+    if type(value) is not int or not 0 <= value <= 255:
+        raise _Slow
+    return _U8.pack(value)
+
+
+_PROPERTY_ENCODERS = {"shortstr": _fast_shortstr, "table": _fast_table, "octet": _fast_octet,
+                      "timestamp": encode.timestamp}
+_PROPERTY_PLAN = tuple((name, commands.Basic.Properties.flags[name],
+                        _PROPERTY_ENCODERS[getattr(commands.Basic.Properties, "_" + name)])
+                       for name in commands.Basic.Properties.__slots__)
+_CONTENT_HEADER_PREFIX = struct.Struct(">HxxQ")
+
+
+def _content_header_payload(properties: commands.Basic.Properties, body_size: int) -> bytes:
+    flags = 0
+    parts = []
+    try:
+        for name, flag, enc in _PROPERTY_PLAN:
+            value = getattr(properties, name)
+            if value is not None and value != "":
+                flags |= flag
+                parts.append(enc(value))
+    except (_Slow, TypeError):
+        return header.ContentHeader(0, body_size, properties).marshal()
+    # Basic's flags fit in 16 bits (no continuation word), as pamqp writes them.
+    return _CONTENT_HEADER_PREFIX.pack(commands.Basic.frame_id, body_size) + struct.pack(">H", flags) + b"".join(parts)
+
+
+_DELIVER_INDEX = struct.pack(">I", commands.Basic.Deliver.index)
+_I64 = struct.Struct(">q")   # pamqp writes the delivery tag as a signed longlong
+
+
+def deliver_frame(channel: int, consumer_tag: str, delivery_tag: int, redelivered: bool, exchange: str,
+                  routing_key: str) -> bytes:
+    """method_frame(channel, basic.deliver(...)) written directly (see above)."""
+    try:
+        payload = (_DELIVER_INDEX + _fast_shortstr(consumer_tag) + _I64.pack(delivery_tag)
+                   + (b"\x01" if redelivered else b"\x00") + _fast_shortstr(exchange) + _fast_shortstr(routing_key))
+    except (_Slow, struct.error):
+        return method_frame(channel, build(commands.Basic.Deliver, consumer_tag, delivery_tag, redelivered, exchange,
+                                           routing_key))
+    return _frame(FRAME_METHOD, channel, payload)
+
+
 def content_frames(channel: int, properties: commands.Basic.Properties, payload: bytes,
                    frame_max: int) -> bytes:
     """Content header + body frames, bodies split so no frame exceeds frame_max."""
-    ch = header.ContentHeader(0, len(payload), properties)
-    out = [_frame(FRAME_HEADER, channel, ch.marshal())]
+    out = [_frame(FRAME_HEADER, channel, _content_header_payload(properties, len(payload)))]
     if payload:
         chunk = max(frame_max - FRAME_OVERHEAD, 1) if frame_max else len(payload)
         view = memoryview(payload)
@@ -289,6 +405,6 @@ def heartbeat_frame() -> bytes:
 
 __all__ = [
     "AMQPError", "Frame", "FrameDecoder", "FrameError", "PROTOCOL_HEADER", "build", "channel_error",
-    "connection_error", "content_frames", "decode_content_header", "decode_method", "heartbeat_frame",
+    "connection_error", "content_frames", "decode_content_header", "decode_method", "deliver_frame", "heartbeat_frame",
     "method_frame",
 ]

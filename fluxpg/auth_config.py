@@ -10,7 +10,7 @@
   1.5 s, forgotten after a minute without failures). The delay is an `asyncio.sleep`: it slows the
   guesser, never the broker. Unknown users cost a hash too, so timing does not reveal which
   usernames exist.
-- Database users are looked up through the queue manager's pool and cached for `cache_ttl`;
+- Database users are looked up through the queue manager and cached for `cache_ttl`;
   when the database cannot be reached, only configured users can log in.
 - ANONYMOUS (no username, or SASL ANONYMOUS) is let in only with `allow_anonymous: true`, with
   `anonymous_permissions`.
@@ -36,8 +36,6 @@ MAX_DELAY = 1.5
 FAILURE_MEMORY = 60.0       # seconds without failures after which a peer/username starts afresh
 VERIFIED_TTL = 60.0         # seconds a successful password check is remembered
 _VERIFIED_MAX = 10_000
-
-_LOOKUP_SQL = "SELECT password_hash, permissions FROM fluxpg.users WHERE username = $1"
 
 
 def permissions_tuple(perms: Any) -> tuple[Permission, ...] | None:
@@ -106,21 +104,20 @@ class ConfiguredAuthenticator:
         found = self._users.get(username)
         if found is not None:
             return found
-        pool = getattr(self.manager, "pool", None)
-        if pool is None:
+        if self.manager is None:
             return None
         now = time.monotonic()
         cached = self._db_cache.get(username)
         if cached is not None and cached[0] > now:
             return cached[1]
         try:
-            row = await pool.fetchrow(_LOOKUP_SQL, username)
+            row = await self.manager.user(username)
         except Exception as exc:  # noqa: BLE001 - no table (not migrated) or no database: no DB users
             log.warning("auth: cannot look up user %r in fluxpg.users: %s", username, exc)
             return None
         result = None
         if row is not None:
-            result = (row["password_hash"], permissions_tuple(row["permissions"]))
+            result = (row[0], permissions_tuple(row[1]))
         if len(self._db_cache) > _VERIFIED_MAX:
             self._db_cache.clear()
         self._db_cache[username] = (now + self._cache_ttl, result)

@@ -73,19 +73,26 @@ def _alembic(dsn: str):
     return cfg
 
 
+def _migration_sql(name: str):
+    """A named query of sql/migration_queries.sql as SQLAlchemy text (binds written :name)."""
+    from sqlalchemy import text
+
+    return text(queries("migration_queries.sql")[name])
+
+
 def _with_lock(dsn: str, fn: Callable[[Any], None]) -> None:
-    from sqlalchemy import create_engine, pool, text
+    from sqlalchemy import create_engine, pool
 
     engine = create_engine(sqlalchemy_url(dsn), poolclass=pool.NullPool)
     try:
         with engine.connect() as conn:
-            conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": MIGRATION_LOCK})
+            conn.execute(_migration_sql("migration_lock"), {"k": MIGRATION_LOCK})
             conn.commit()
             try:
                 fn(conn)
             finally:
                 conn.rollback()  # after a failure the transaction is aborted; the unlock needs a fresh one
-                conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": MIGRATION_LOCK})
+                conn.execute(_migration_sql("migration_unlock"), {"k": MIGRATION_LOCK})
                 conn.commit()
     finally:
         engine.dispose()
@@ -128,7 +135,6 @@ def downgrade(dsn: str, revision: str = "base") -> None:
     """Downgrade; at base nothing of fluxpg is left (its schema and version table are dropped).
     Below head no functions or views are installed (fluxpg.routines says why)."""
     from alembic import command
-    from sqlalchemy import text
 
     from fluxpg import routines
 
@@ -141,12 +147,9 @@ def downgrade(dsn: str, revision: str = "base") -> None:
         command.downgrade(cfg, revision)
         conn.commit()
         if revision == "base":
-            conn.execute(text("DROP TABLE IF EXISTS fluxpg.alembic_version"))
-            leftover = conn.execute(text(
-                "SELECT count(*) FROM pg_class WHERE relnamespace = 'fluxpg'::regnamespace")).scalar() \
-                if conn.execute(text("SELECT to_regnamespace('fluxpg')")).scalar() else None
-            if leftover == 0:
-                conn.execute(text("DROP SCHEMA IF EXISTS fluxpg"))
+            conn.execute(_migration_sql("drop_version_table"))
+            if conn.execute(_migration_sql("schema_relations")).scalar() == 0:
+                conn.execute(_migration_sql("drop_schema"))
             conn.commit()
 
     _with_lock(dsn, run)
@@ -176,14 +179,14 @@ def _resolve(revision: str) -> str | None:
 
 
 def current_revision(dsn: str) -> str | None:
-    from sqlalchemy import create_engine, pool, text
+    from sqlalchemy import create_engine, pool
 
     engine = create_engine(sqlalchemy_url(dsn), poolclass=pool.NullPool)
     try:
         with engine.connect() as conn:
-            if not conn.execute(text("SELECT to_regclass('fluxpg.alembic_version')")).scalar():
+            if not conn.execute(_migration_sql("version_table_exists")).scalar():
                 return None
-            return conn.execute(text("SELECT version_num FROM fluxpg.alembic_version")).scalar()
+            return conn.execute(_migration_sql("current_version")).scalar()
     finally:
         engine.dispose()
 
@@ -261,18 +264,19 @@ async def connect(dsn: str) -> asyncpg.Connection:
     return conn
 
 
-async def fetch(pool: asyncpg.Pool, name: str, *args: Any) -> list[asyncpg.Record]:
-    """Run the named query `name` of sql/queries.sql; database errors come out as FluxError."""
+async def fetch(pool: asyncpg.Pool, name: str, *args: Any, file: str = "queries.sql") -> list[asyncpg.Record]:
+    """Run the named query `name` of sql/queries.sql (or `file`); database errors come out as
+    FluxError."""
     try:
-        return await pool.fetch(queries()[name], *args)
+        return await pool.fetch(queries(file)[name], *args)
     except Exception as exc:  # noqa: BLE001 - reported as a FluxError
         raise translate_error(exc) from exc
 
 
-async def fetchval(pool: asyncpg.Pool, name: str, *args: Any) -> Any:
+async def fetchval(pool: asyncpg.Pool, name: str, *args: Any, file: str = "queries.sql") -> Any:
     """Like fetch, for a named query with one value."""
     try:
-        return await pool.fetchval(queries()[name], *args)
+        return await pool.fetchval(queries(file)[name], *args)
     except Exception as exc:  # noqa: BLE001
         raise translate_error(exc) from exc
 

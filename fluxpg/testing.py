@@ -37,12 +37,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
+from fluxpg.db import queries
+
 __all__ = ["test_server", "fresh_database", "dsn_with_database", "drop_stale_test_databases",
            "TEST_DATABASE_PREFIX", "DOCKER_IMAGE"]
 
 log = logging.getLogger(__name__)
 
 TEST_DATABASE_PREFIX = "fluxpg_test_"
+TESTING_QUERIES = "testing_queries.sql"
 DOCKER_IMAGE = "postgres:16"
 # Databases of killed test runs are dropped by later runs once they are this old.
 STALE_AFTER_S = 24 * 3600
@@ -120,15 +123,12 @@ def fresh_database(server_dsn: str) -> Iterator[str]:
     name = f"{TEST_DATABASE_PREFIX}{int(time.time())}_{secrets.token_hex(4)}"
     with psycopg.connect(server_dsn, autocommit=True) as conn:
         _drop_stale(conn)
-        # template0 + C collation: nobody is ever connected to template0 (so parallel runs can
-        # create at once), and the collation does not depend on the server's locale.
-        conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE template0 ENCODING 'UTF8' "
-                             "LC_COLLATE 'C' LC_CTYPE 'C'").format(sql.Identifier(name)))
+        conn.execute(_sql("create_database").format(sql.Identifier(name)))
     try:
         yield dsn_with_database(server_dsn, name)
     finally:
         with psycopg.connect(server_dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+            conn.execute(_sql("drop_database_force").format(sql.Identifier(name)))
 
 
 def drop_stale_test_databases(server_dsn: str, older_than_s: float = STALE_AFTER_S) -> list[str]:
@@ -139,14 +139,19 @@ def drop_stale_test_databases(server_dsn: str, older_than_s: float = STALE_AFTER
         return _drop_stale(conn, older_than_s)
 
 
+def _sql(name: str):
+    """A named statement of sql/testing_queries.sql, its {} to be filled with an identifier."""
+    from psycopg import sql
+
+    return sql.SQL(queries(TESTING_QUERIES)[name])
+
+
 def _drop_stale(conn, older_than_s: float = STALE_AFTER_S) -> list[str]:
     import psycopg
     from psycopg import sql
 
-    rows = conn.execute(
-        "SELECT datname FROM pg_database WHERE datname LIKE %s",
-        (TEST_DATABASE_PREFIX.replace("_", r"\_") + "%",),
-    ).fetchall()
+    rows = conn.execute(queries(TESTING_QUERIES)["test_databases"],
+                        (TEST_DATABASE_PREFIX.replace("_", r"\_") + "%",)).fetchall()
     dropped = []
     now = time.time()
     for (name,) in rows:
@@ -157,8 +162,7 @@ def _drop_stale(conn, older_than_s: float = STALE_AFTER_S) -> list[str]:
         if now - created < older_than_s:
             continue
         try:
-            # No FORCE: a database somebody still uses is not stale, whatever its name says.
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
+            conn.execute(_sql("drop_database").format(sql.Identifier(name)))
             dropped.append(name)
         except psycopg.Error:  # in use, or not ours to drop (owner, privileges)
             continue

@@ -962,6 +962,14 @@ class QueueManager:
     async def pending_entries(self, queue: str, group: str, limit: int = 1000) -> list[dict[str, Any]]:
         return [dict(r) for r in await self.pool.fetch(db.queries()["pending_entries"], queue, group, limit)]
 
+    # --- broker users (fluxpg.auth_config) -----------------------------------------------------
+
+    async def user(self, username: str) -> tuple[str, Any] | None:
+        """(password_hash, permissions) of a user of the fluxpg.users table, None when there is
+        no such user; FluxError when the database cannot tell (unreachable, not migrated)."""
+        rows = await db.fetch(self.pool, "auth_user", username, file="auth_queries.sql")
+        return (rows[0]["password_hash"], rows[0]["permissions"]) if rows else None
+
 
 def dumps(value: Any) -> str:
     return json.dumps(value, default=str)

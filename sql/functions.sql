@@ -89,9 +89,17 @@ END $$;
 
 -- MQTT matching of a topic name against a filter, including the rule that filters starting with a
 -- wildcard do not match topics starting with '$'.
+-- The two shapes nearly every binding has, a literal filter and `prefix/#` without '+', are
+-- decided with string comparisons; only the rest builds a regex (fluxpg.filter_regex is plpgsql:
+-- routing every publish through it cost ~100 µs per queue binding). Inlined by the planner.
 CREATE OR REPLACE FUNCTION fluxpg.topic_matches(filter text, topic text) RETURNS boolean
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-  SELECT NOT (left(topic, 1) = '$' AND left(filter, 1) IN ('+', '#')) AND topic ~ fluxpg.filter_regex(filter)
+  SELECT CASE
+    WHEN strpos(filter, '+') = 0 AND strpos(filter, '#') = 0 THEN filter = topic
+    WHEN strpos(filter, '+') = 0 AND strpos(filter, '#') = length(filter) AND right(filter, 2) = '/#'
+      THEN starts_with(topic || '/', left(filter, -1))
+    ELSE NOT (left(topic, 1) = '$' AND left(filter, 1) IN ('+', '#')) AND topic ~ fluxpg.filter_regex(filter)
+  END
 $$;
 
 -- The lowest and highest of a set of offsets. Every `seq = ANY (seqs)` against pending (and the
@@ -639,17 +647,20 @@ COMMENT ON FUNCTION fluxpg.ready_count(text) IS 'Messages the queue''s default g
 -- Queue ids whose topic bindings match a topic, in id order (the order heads are locked in).
 -- Reserved queues (the catch-all `mqtt` queue on $queue/#) only take what no other queue does.
 CREATE OR REPLACE FUNCTION fluxpg.route(topic text) RETURNS int[]
-LANGUAGE sql STABLE AS $$
-  WITH matching AS (
-    SELECT q.id, coalesce((q.settings ->> 'reserved')::boolean, false) AS reserved
-      FROM fluxpg.queues q
-     WHERE EXISTS (SELECT 1 FROM unnest(q.topics) f WHERE fluxpg.topic_matches(f, route.topic))
-  )
-  SELECT coalesce(
-    (SELECT array_agg(id ORDER BY id) FROM matching WHERE NOT reserved),
-    (SELECT array_agg(id ORDER BY id) FROM matching WHERE reserved),
-    '{}')
-$$;
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+  ids int[];
+BEGIN
+  -- plpgsql, not sql: a plpgsql function keeps its plan for the session, an SQL function with a
+  -- CTE was planned again on every call (measured 395 µs vs 105 µs per publish, 3 queues).
+  SELECT coalesce(array_agg(m.id ORDER BY m.id) FILTER (WHERE NOT m.reserved),
+                  array_agg(m.id ORDER BY m.id) FILTER (WHERE m.reserved), '{}')
+    INTO ids
+    FROM (SELECT q.id, coalesce((q.settings ->> 'reserved')::boolean, false) AS reserved
+            FROM fluxpg.queues q
+           WHERE EXISTS (SELECT 1 FROM unnest(q.topics) f WHERE fluxpg.topic_matches(f, route.topic))) m;
+  RETURN ids;
+END $$;
 
 -- A reserved catch-all left by a run without configured queues (FluxMQ's `mqtt` on $queue/#) that
 -- the current config does not list: it keeps its messages and its own $queue/<name>/# binding but
@@ -916,34 +927,35 @@ COMMENT ON FUNCTION fluxpg.append(text, bytea, jsonb) IS 'Append a message to ev
 -- advisory lock per target queue (key 1179669332 = 'FPST', queue id) until it ends: queue_stats
 -- counts those to show how many open transactions have messages waiting, and the oldest's age.
 
-CREATE OR REPLACE FUNCTION fluxpg._stage(ids int[], topic text, payload bytea, headers jsonb) RETURNS void
+-- Stage one message for each target queue; returns the queues' names in the order of ids. Refuses
+-- what could never be appended (too large) now, when the caller can still react.
+CREATE OR REPLACE FUNCTION fluxpg._stage(ids int[], topic text, payload bytea, headers jsonb) RETURNS text[]
 LANGUAGE plpgsql AS $$
 DECLARE
   q record;
+  names text[] := '{}';
 BEGIN
-  -- Refuse what could never be appended now, when the caller can still react.
   FOR q IN SELECT qq.id, qq.name, coalesce((qq.settings #>> '{limits,max_message_size}')::bigint, 0) AS lim
-             FROM fluxpg.queues qq WHERE qq.id = ANY (ids) ORDER BY qq.id
+             FROM unnest(ids) WITH ORDINALITY AS u(qid, i) JOIN fluxpg.queues qq ON qq.id = u.qid ORDER BY u.i
   LOOP
     IF q.lim > 0 AND octet_length(payload) > q.lim THEN
       PERFORM fluxpg._too_large(q.name, octet_length(payload), q.lim);
     END IF;
     PERFORM pg_advisory_xact_lock_shared(1179669332, q.id);
+    INSERT INTO fluxpg.staged (queue_id, topic, payload, headers, part_key)
+    VALUES (q.id, topic, payload, headers, headers ->> 'x-partition-key');
+    names := names || q.name;
   END LOOP;
-  INSERT INTO fluxpg.staged (queue_id, topic, payload, headers, part_key)
-  SELECT u.qid, topic, payload, headers, headers ->> 'x-partition-key'
-    FROM unnest(ids) WITH ORDINALITY AS u(qid, i) ORDER BY u.i;
+  RETURN names;
 END $$;
 
 CREATE OR REPLACE FUNCTION fluxpg.publish(topic text, payload bytea, headers jsonb DEFAULT NULL)
 RETURNS TABLE (queue text, seq bigint) LANGUAGE plpgsql AS $$
-DECLARE
-  ids int[] := fluxpg._publish_targets(topic, payload);
 BEGIN
-  PERFORM fluxpg._stage(ids, topic, payload, headers);
   -- The offset is assigned when the caller commits.
-  RETURN QUERY SELECT q.name, NULL::bigint FROM unnest(ids) WITH ORDINALITY AS u(qid, i)
-                 JOIN fluxpg.queues q ON q.id = u.qid ORDER BY u.i;
+  FOREACH queue IN ARRAY fluxpg._stage(fluxpg._publish_targets(topic, payload), topic, payload, headers) LOOP
+    RETURN NEXT;
+  END LOOP;
 END $$;
 COMMENT ON FUNCTION fluxpg.publish(text, bytea, jsonb) IS 'Publish a message to every queue whose topics match, inside the caller''s transaction: appended when it commits, in commit order, blocking no other publisher meanwhile. Returns (queue, NULL): the offset is assigned at commit (fluxpg.append returns it at once but holds the head lock until the transaction ends)';
 
@@ -951,18 +963,16 @@ CREATE OR REPLACE FUNCTION fluxpg.publish_batch(topics text[], payloads bytea[],
 RETURNS TABLE (ord int, queue text) LANGUAGE plpgsql AS $$
 DECLARE
   n int := cardinality(topics);
-  i int;
-  ids int[];
 BEGIN
   IF n IS NULL OR n = 0 THEN RETURN; END IF;
   IF cardinality(payloads) <> n OR (headers IS NOT NULL AND cardinality(headers) <> n) THEN
     RAISE EXCEPTION USING ERRCODE = 'FP004', MESSAGE = 'publish_batch: arrays must have the same length';
   END IF;
   FOR i IN 1 .. n LOOP
-    ids := fluxpg._publish_targets(topics[i], payloads[i]);
-    PERFORM fluxpg._stage(ids, topics[i], payloads[i], headers[i]);
-    RETURN QUERY SELECT i, q.name FROM unnest(ids) WITH ORDINALITY AS u(qid, j)
-                   JOIN fluxpg.queues q ON q.id = u.qid ORDER BY u.j;
+    ord := i;
+    FOREACH queue IN ARRAY fluxpg._stage(fluxpg._publish_targets(topics[i], payloads[i]), topics[i], payloads[i], headers[i]) LOOP
+      RETURN NEXT;
+    END LOOP;
   END LOOP;
 END $$;
 COMMENT ON FUNCTION fluxpg.publish_batch(text[], bytea[], jsonb[]) IS 'fluxpg.publish for many messages (in order) in the caller''s transaction; returns (ordinal, queue) per queue reached';

@@ -55,6 +55,7 @@ from fluxpg.auth import authorize, subscription
 from fluxpg.delivery import Delivery, parse_message_id
 from fluxpg.protocols.errors import reply_for
 from fluxpg.errors import FluxError, InvalidArgument, PayloadTooLarge, QueueFull, UnknownQueue, WrongQueueKind
+from fluxpg.protocols.writes import CoalescingWriter
 from fluxpg.topics import ack_verb, is_queue_topic, parse_queue_topic, split_queue_subscription
 
 from .codec import (MQTT_5, Auth, Connack, Connect, Decoder, Disconnect, MQTTError, Pingreq, Pingresp,
@@ -495,6 +496,10 @@ class Connection:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ctx: Any, router: Router,
                  options: MqttOptions):
         self.reader = reader
+        if isinstance(writer, asyncio.StreamWriter):
+            # One send() per event-loop turn instead of one per packet (fluxpg/protocols/writes.py);
+            # the WebSocket transport already gathers its frames itself.
+            writer = CoalescingWriter(writer)
         self.writer = writer
         self.transport = writer.transport
         self.ctx = ctx
@@ -1447,11 +1452,23 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ini
     except asyncio.CancelledError:
         # Server shutdown cancels connection tasks; run() has cleaned up. Returning normally keeps
         # asyncio's stream callback from logging the cancellation as an error.
+        _flush(conn)
         return
     try:
-        await asyncio.wait_for(writer.drain(), 2)
+        await asyncio.wait_for(conn.writer.drain(), 2)   # flushes what is pending first
     except (Exception, asyncio.CancelledError):  # noqa: BLE001
         pass
+    _flush(conn)
+
+
+def _flush(conn: Connection) -> None:
+    """Hand what is still pending to the transport before the listener closes it."""
+    flush = getattr(conn.writer, "flush", None)
+    if flush is not None:
+        try:
+            flush()
+        except Exception:  # noqa: BLE001 - the socket may be gone
+            pass
 
 
 __all__ = ["handle", "MqttOptions", "get_router", "Connection", "Session", "restore_session"]

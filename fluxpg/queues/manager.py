@@ -46,6 +46,7 @@ from fluxpg.errors import (FluxError, InvalidArgument, PayloadTooLarge, Precondi
 from fluxpg.topics import (TopicTree, internal_group_name, is_queue_topic, parse_queue_topic, validate_group_name,
                            validate_topic_filter, validate_topic_name)
 
+UNLISTED_SHOWN = 10   # how many names in the start-up line about queues the config does not list
 log = logging.getLogger("fluxpg.manager")
 
 DeliveryCallback = Callable[[Delivery], Awaitable[None] | None]
@@ -438,11 +439,17 @@ class QueueManager:
                         "it, so it now takes only $queue/%s/… (kept, not dropped)", name, name)
         await self.reload_queues()
         names = {q.name for q in configured}
-        for name, info in self.queues.items():
-            if name not in names and not name.startswith("$dlq/") and not info.transient:
-                # Auto-created and AMQP-declared queues are expected here; say it once, quietly.
-                log.info("queue %r is in the database but not in the config: kept, not dropped "
-                         "(drop it by hand if it is no longer wanted)", name)
+        unlisted = sorted(name for name, info in self.queues.items()
+                          if name not in names and not name.startswith("$dlq/") and not info.transient)
+        if unlisted:
+            # Auto-created and AMQP-declared queues are expected here; say it once, quietly, in
+            # one line however many there are (a database with thousands of queues made this a
+            # line per queue before the broker listened).
+            shown = ", ".join(repr(n) for n in unlisted[:UNLISTED_SHOWN])
+            more = f" and {len(unlisted) - UNLISTED_SHOWN} more" if len(unlisted) > UNLISTED_SHOWN else ""
+            log.info("%d queue(s) in the database are not in the config: %s%s; kept, not dropped "
+                     "(`fluxpg queues` lists them; drop one by hand if it is no longer wanted)",
+                     len(unlisted), shown, more)
 
     async def _declare(self, qc: QueueConfig) -> int:
         settings = qc.to_settings(self.qm)

@@ -41,6 +41,7 @@ from fluxpg.protocols.amqp091.framing import (ACCESS_REFUSED, COMMAND_INVALID, C
 from fluxpg.protocols.amqp091.properties import delivery_properties, headers_from_properties
 from fluxpg.delivery import Delivery, parse_message_id
 from fluxpg.protocols.errors import reply_for
+from fluxpg.protocols.settle import Settler
 from fluxpg.errors import (FluxError, InvalidArgument, PayloadTooLarge, QueueFull, ResourceLocked, Unavailable,
                            UnknownQueue, WrongQueueKind)
 from fluxpg.topics import (QUEUE_PREFIX, ack_verb, internal_group_name, parse_queue_topic,
@@ -128,8 +129,7 @@ class Channel:
         self.global_prefetch = 0     # per channel (global=true)
         self._held: deque[tuple[Consumer, Delivery]] = deque()
         # acknowledgements
-        self._settle: list[tuple[str, str, str, int, int]] = []
-        self._settler: asyncio.Task | None = None
+        self.settler = Settler(conn.ctx.manager, f"amqp091 {conn.name} channel {channel_id}")
         self._release_task: asyncio.Task | None = None
         # transactions (tx.select): publishes and settlements wait in a queues Transaction
         # until tx.commit applies them in one PostgreSQL transaction
@@ -211,7 +211,7 @@ class Channel:
         # Claimed for this channel but held back by its prefetch: never sent, back at once.
         for c, d in self._held:
             if c.kind == "classic":
-                self._settle.append(("release", d.queue, d.group, d.partition, d.seq))
+                self.settler.settle("release", d.queue, d.group, d.seq, d.partition)
         self._held.clear()
         for c in consumers:
             self._drop_exclusive(c)
@@ -220,15 +220,15 @@ class Channel:
                     await c.sub.close()
                 except Exception:  # noqa: BLE001
                     log.exception("closing consumer %s failed", c.tag)
-        await self._flush_settle()
+        await self.settler.flush()
         if self.tx is not None:
             self._tx_undo()   # an open transaction is rolled back: its acks never happened
         if self.unacked:
             # Requeued at once, in delivery-tag (= offset) order, no backoff (fluxpg.release).
             for entry in self.unacked.values():
-                self._settle.append(("release", entry.queue, entry.group, entry.partition, entry.seq))
+                self.settler.settle("release", entry.queue, entry.group, entry.seq, entry.partition)
             self.unacked.clear()
-            await self._flush_settle()
+            await self.settler.flush()
         self.state = "closed"
 
     async def close_by_client(self) -> None:
@@ -247,7 +247,7 @@ class Channel:
         """Wait until every publish of this channel is confirmed (or failed) and every
         acknowledgement written."""
         await self._pipeline_idle.wait()
-        await self._flush_settle()
+        await self.settler.flush()
 
     def _spawn(self, coro) -> asyncio.Task:
         task = asyncio.create_task(coro)
@@ -980,7 +980,7 @@ class Channel:
             self._held = deque(h for h in self._held if h[0] is not consumer)
             for d in held:
                 if consumer.kind == "classic":
-                    self._settle_op("release", d.queue, d.group, d.partition, d.seq)
+                    self.settler.settle("release", d.queue, d.group, d.seq, d.partition)
             if consumer.sub is not None:
                 await consumer.sub.close()
         if not m.nowait:
@@ -1000,7 +1000,7 @@ class Channel:
         if self.state != "open" or self.consumers.get(consumer.tag) is not consumer:
             if consumer.kind == "classic":
                 # Not handed out: give it back now rather than after the visibility timeout.
-                self._settle_op("release", d.queue, d.group, d.partition, d.seq)
+                self.settler.settle("release", d.queue, d.group, d.seq, d.partition)
             return None
         if (self.global_prefetch and not consumer.no_ack and (self._held or
                                                               len(self.unacked) >= self.global_prefetch)):
@@ -1015,7 +1015,7 @@ class Channel:
         frames = (framing.deliver_frame(self.id, consumer.tag, tag, d.redelivered, exchange, rk)
                   + framing.content_frames(self.id, props, d.payload, self.conn.frame_max))
         if consumer.no_ack:
-            self._settle_op("ack", d.queue, d.group, d.partition, d.seq)
+            self.settler.settle("ack", d.queue, d.group, d.seq, d.partition)
         else:
             self.unacked[tag] = Unacked(d.queue, d.group, d.partition, d.seq, consumer)
         self.conn.write(frames)
@@ -1030,7 +1030,7 @@ class Channel:
             if self.consumers.get(consumer.tag) is consumer:
                 self._send_delivery(consumer, d)
             elif consumer.kind == "classic":
-                self._settle_op("release", d.queue, d.group, d.partition, d.seq)
+                self.settler.settle("release", d.queue, d.group, d.seq, d.partition)
 
     async def _basic_get(self, m: Basic.Get) -> None:
         queue, topic_filter, _explicit = self._queue_name(m.queue or "", m)
@@ -1053,7 +1053,7 @@ class Channel:
         tag = self._delivery_tag
         props, exchange, rk = delivery_properties(d)
         if m.no_ack:
-            self._settle_op("ack", d.queue, d.group, d.partition, d.seq)
+            self.settler.settle("ack", d.queue, d.group, d.seq, d.partition)
         else:
             self.unacked[tag] = Unacked(d.queue, d.group, d.partition, d.seq, None)
         left, _consumers = await self._counts(queue)
@@ -1087,8 +1087,9 @@ class Channel:
                     self.tx.reject(e.queue, e.group, [e.seq], "rejected by AMQP client", e.partition)
                 self._tx_acked.append((tag, e))
             return
+        reason = "rejected by AMQP client" if verb == "reject" else None
         for _tag, e in taken:
-            self._settle_op(verb, e.queue, e.group, e.partition, e.seq)
+            self.settler.settle(verb, e.queue, e.group, e.seq, e.partition, reason)
         self._grant([e for _tag, e in taken])
 
     def _grant(self, entries: list[Unacked]) -> None:
@@ -1113,51 +1114,8 @@ class Channel:
         self.unacked.clear()
         self._settle_entries("release", entries, transactional=False)
         if isinstance(m, Basic.Recover):
-            await self._flush_settle()
+            await self.settler.flush()
             self.conn.write(framing.method_frame(self.id, Basic.RecoverOk()))
-
-    def _settle_op(self, verb: str, queue: str, group: str, partition: int, seq: int) -> None:
-        self._settle.append((verb, queue, group, partition, seq))
-        if self._settler is None or self._settler.done():
-            self._settler = self._spawn(self._settle_loop())
-
-    async def _flush_settle(self) -> None:
-        while self._settle or (self._settler is not None and not self._settler.done()):
-            if self._settler is None or self._settler.done():
-                self._settler = self._spawn(self._settle_loop())
-            try:
-                await asyncio.shield(self._settler)
-            except Exception:  # noqa: BLE001 - logged by the loop
-                pass
-
-    async def _settle_loop(self) -> None:
-        while self._settle:
-            ops, self._settle = self._settle, []
-            i = 0
-            while i < len(ops):
-                verb, queue, group, partition, _ = ops[i]
-                j = i
-                seqs = []
-                while j < len(ops) and ops[j][:4] == (verb, queue, group, partition):
-                    seqs.append(ops[j][4])
-                    j += 1
-                i = j
-                try:
-                    if verb == "ack":
-                        await self.manager.ack(queue, group, seqs, partition=partition)
-                    elif verb == "nack":
-                        await self.manager.nack(queue, group, seqs, partition=partition)
-                    elif verb == "release":
-                        await self.manager.release(queue, group, seqs, partition=partition)
-                    else:
-                        await self.manager.reject(queue, group, seqs, "rejected by AMQP client",
-                                                  partition=partition)
-                except FluxError as exc:
-                    # The entries stay pending and come back after the visibility timeout.
-                    log.warning("amqp091 %s: %s of %s/%s %s failed: %s", self.conn.name, verb, queue, group,
-                                seqs[:5], exc)
-                except Exception:  # noqa: BLE001
-                    log.exception("amqp091 %s: %s of %s/%s failed", self.conn.name, verb, queue, group)
 
 
 _HANDLERS = {

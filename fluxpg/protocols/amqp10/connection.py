@@ -41,7 +41,6 @@ import os
 import socket
 import time
 import uuid
-from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,6 +58,7 @@ from fluxpg.protocols.amqp10.messages import MessageError, decode, from_delivery
 from fluxpg.protocols.amqp10.sasl import SASL_HEADER, SaslCode, SaslError, SaslServer
 from fluxpg.delivery import Delivery
 from fluxpg.protocols.errors import ERRORS, reply_for
+from fluxpg.protocols.settle import Settler
 from fluxpg.errors import FluxError, InvalidArgument, UnknownQueue
 from fluxpg.topics import (DLQ_PREFIX, QUEUE_PREFIX, is_queue_topic, parse_queue_topic,
                            split_queue_subscription, validate_queue_name, validate_topic_filter,
@@ -79,7 +79,6 @@ DECLARE = {0x31, "amqp:declare:list"}
 DISCHARGE = {0x32, "amqp:discharge:list"}
 DECLARED = 0x33
 TRANSACTIONAL_STATE = 0x34
-REQUEUES = ("release", "nack")
 OUTCOMES = {0x24: "accepted", 0x25: "rejected", 0x26: "released", 0x27: "modified"}
 MAX_FRAME_SIZE = 1024 * 1024
 # A queue's max_message_size bounds the payload; the encoded message also carries its properties,
@@ -205,13 +204,9 @@ class AmqpConnection:
         self.gate = FrameGate(self.decoder_limits, MAX_FRAME_SIZE)
         timeout = getattr(bounds, "frame_timeout", None)
         self.frame_timeout = timeout.total_seconds() if timeout else 0.0
-        # acknowledgements go to the database in batches: (verb, queue, group, partition, reason) → seqs
-        self._acks: dict[tuple, list[int]] = defaultdict(list)
-        self._ack_event = asyncio.Event()
-        self._ack_task: asyncio.Task | None = None
-        # released / nacked deliveries not yet back in the database (credit waits for them)
-        self._requeues = 0
-        self._requeued = asyncio.Event()
+        # acknowledgements go to the database in batches; released / nacked deliveries not yet
+        # back in the database are counted there (credit waits for them)
+        self.settler = Settler(ctx.manager, f"amqp10 {self.peer}")
 
     # ------------------------------------------------------------------------------ life cycle
 
@@ -411,15 +406,9 @@ class AmqpConnection:
         self.publishers.clear()
         # unfinished deliveries die with the connection: give their bytes back to the broker's count
         self.inbound.close()
-        if self._ack_task is not None:
-            # Apply the acknowledgements received before the connection ended: let the ack task
-            # finish what it holds (cancelling it mid-query would lose that batch).
-            self._ack_event.set()
-            try:
-                await asyncio.wait_for(asyncio.shield(self._ack_task), 10)
-            except (Exception, asyncio.TimeoutError):  # noqa: BLE001
-                log.warning("amqp10 %s: could not apply the last acknowledgements", self.peer)
-                self._ack_task.cancel()
+        # Apply the acknowledgements received before the connection ended (the settler finishes
+        # the batch it holds: cancelling it mid-query would lose that batch).
+        await self.settler.close(10)
         try:
             out = self.engine.output()
             if out and not self.writer.is_closing():
@@ -713,7 +702,7 @@ class AmqpConnection:
         # The subscription may send what the link can take now. Deliveries sent beyond the
         # credit (a claim that finished after a drain) wait in proton and count against the new
         # credit: none is ever dropped.
-        if self._requeues:
+        if self.settler.requeues:
             # A message this connection released (or nacked) goes back first in line: new credit
             # waits until the requeue is in the database, or the claim would pass it by.
             consumer.sub.set_credit(0)
@@ -726,8 +715,8 @@ class AmqpConnection:
 
     async def _flow_after_requeues(self, consumer: _Consumer) -> None:
         try:
-            while self._requeues and not consumer.closed:
-                await self._requeued.wait()
+            while self.settler.requeues and not consumer.closed:
+                await self.settler.requeued.wait()
         finally:
             consumer.flow_task = None
         if not consumer.closed and not self._closed:
@@ -819,46 +808,7 @@ class AmqpConnection:
         dlv.settle()
 
     def _queue_ack(self, verb: str, delivery: Delivery, reason: str | None = None) -> None:
-        key = (verb, delivery.queue, delivery.group, delivery.partition, reason)
-        self._acks[key].append(delivery.seq)
-        if verb in REQUEUES:
-            self._requeues += 1
-            self._requeued.clear()
-        self._ack_event.set()
-        if self._ack_task is None or self._ack_task.done():
-            # (a finished task: the connection is closing and links released their deliveries)
-            self._ack_task = asyncio.ensure_future(self._ack_loop())
-
-    async def _ack_loop(self) -> None:
-        while True:
-            await self._ack_event.wait()
-            await self._flush_acks()
-            if self._closed and not self._acks:
-                return
-
-    async def _flush_acks(self) -> None:
-        while self._acks:
-            self._ack_event.clear()
-            batch, self._acks = self._acks, defaultdict(list)
-            for (verb, queue, group, partition, reason), seqs in batch.items():
-                try:
-                    if verb == "ack":
-                        await self.manager.ack(queue, group, seqs, partition)
-                    elif verb == "nack":
-                        await self.manager.nack(queue, group, seqs, partition)
-                    elif verb == "release":
-                        await self.manager.release(queue, group, seqs, partition)
-                    else:
-                        await self.manager.reject(queue, group, seqs, reason, partition)
-                except Exception as exc:  # noqa: BLE001 - FluxError or a bug: never stop acking
-                    # The entries stay pending and come back after the visibility timeout.
-                    log.warning("amqp10 %s: %s of %s %s failed: %s", self.peer, verb, queue, seqs, exc)
-                finally:
-                    if verb in REQUEUES:
-                        self._requeues = max(0, self._requeues - len(seqs))
-                        if not self._requeues:
-                            self._requeued.set()
-        self._ack_event.clear()
+        self.settler.settle(verb, delivery.queue, delivery.group, delivery.seq, delivery.partition, reason)
 
     # ------------------------------------------------------------------------------ publishing
 

@@ -54,6 +54,7 @@ from fluxpg.aio import cancel_and_wait
 from fluxpg.auth import authorize, subscription
 from fluxpg.delivery import Delivery, parse_message_id
 from fluxpg.protocols.errors import reply_for
+from fluxpg.protocols.settle import Settler
 from fluxpg.errors import FluxError, InvalidArgument, PayloadTooLarge, QueueFull, UnknownQueue, WrongQueueKind
 from fluxpg.protocols.writes import CoalescingWriter
 from fluxpg.topics import ack_verb, is_queue_topic, parse_queue_topic, split_queue_subscription
@@ -451,47 +452,6 @@ class _Item:
     run: Any = None                      # coroutine function run in order instead (SUBSCRIBE)
 
 
-class AckBatcher:
-    """Coalesces the acks/nacks/rejects of one connection: those arriving while a call is in
-    flight go to the database together, as one array per (verb, queue, group, partition,
-    reason) -- one transaction instead of one per message. Each caller's future resolves after
-    the call that carried its offset."""
-
-    def __init__(self, manager: Any):
-        self.manager = manager
-        self._pending: dict[tuple, list[tuple[int, asyncio.Future]]] = {}
-        self._task: asyncio.Task | None = None
-
-    def submit(self, verb: str, queue: str, group: str, seq: int, partition: int = 0,
-               reason: str | None = None) -> asyncio.Future:
-        fut = asyncio.get_running_loop().create_future()
-        self._pending.setdefault((verb, queue, group, partition, reason), []).append((seq, fut))
-        if self._task is None or self._task.done():
-            self._task = asyncio.ensure_future(self._flush())
-        return fut
-
-    async def _flush(self) -> None:
-        while self._pending:
-            pending, self._pending = self._pending, {}
-            for (verb, queue, group, partition, reason), items in pending.items():
-                seqs = [seq for seq, _ in items]
-                try:
-                    if verb == "ack":
-                        result = await self.manager.ack(queue, group, seqs, partition)
-                    elif verb == "nack":
-                        result = await self.manager.nack(queue, group, seqs, partition)
-                    else:
-                        result = await self.manager.reject(queue, group, seqs, reason, partition)
-                except Exception as exc:  # noqa: BLE001 - every caller is told
-                    for _, fut in items:
-                        if not fut.done():
-                            fut.set_exception(exc)
-                    continue
-                for _, fut in items:
-                    if not fut.done():
-                        fut.set_result(result)
-
-
 class Connection:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ctx: Any, router: Router,
                  options: MqttOptions):
@@ -528,7 +488,7 @@ class Connection:
         self.closed = asyncio.Event()
         self._pipeline: asyncio.Queue[_Item] = asyncio.Queue(maxsize=options.pipeline_depth)
         self._tasks: list[asyncio.Task] = []
-        self.acks = AckBatcher(ctx.manager)
+        self.acks = Settler(ctx.manager, f"mqtt {self.peer}")   # $ack/$nack/$reject and 3.1.1 PUBACKs
         self._lingering = False
 
     @property

@@ -74,12 +74,17 @@ class Appender:
     async def append(self, rows: list[AppendRow]) -> list[tuple[int, int, int]]:
         """Append rows in one transaction with whatever else is waiting; returns
         (queue_id, partition, seq) per row once committed. Raises FluxError."""
+        return await self.submit(rows)
+
+    def submit(self, rows: list[AppendRow]) -> asyncio.Future:
+        """append() without a coroutine: queued now (in call order), the future resolves as
+        append() returns. For front-ends that publish per message without a task each."""
         if self._closed:
             raise Unavailable("the broker is shutting down")
         fut = asyncio.get_running_loop().create_future()
         self._queue.append(_Request(rows, fut))
         self._wake.set()
-        return await fut
+        return fut
 
     async def _run(self) -> None:
         while True:

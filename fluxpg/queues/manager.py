@@ -675,6 +675,17 @@ class QueueManager:
         rows = await self.rows_for_publish(topic, bytes(payload), headers, partition_key)
         return self._names(await self.appender.append(rows))
 
+    def publish_submit(self, topic: str, payload: bytes, headers: dict[str, Any] | None = None
+                       ) -> asyncio.Future | None:
+        """publish() for a topic that routes to a queue now, without a coroutine: validated,
+        routed and queued for the group commit at once (so in call order), returning the future
+        of its rows ((queue_id, partition, seq) each, after commit). None when the queue has to be
+        created first: then use publish(). Bad input raises FluxError here."""
+        rows = self.durable_rows(topic, bytes(payload), headers)
+        if rows is None:
+            return None
+        return self.appender.submit(rows)
+
     async def publish_many(self, messages: list[tuple[str, bytes, dict[str, Any] | None]]
                            ) -> list[list[tuple[str, int]]]:
         """Publish a batch in one transaction (all or nothing for the durable part); returns,

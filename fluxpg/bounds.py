@@ -9,9 +9,15 @@ Two levels, both from the config's `bounds:` section:
 
 A front-end asks `reserve(n)` BEFORE it buffers n bytes (for AMQP 0-9-1 when the content header
 announces the body size) and refuses the message with its protocol's resource error when the
-answer is not None; it calls `release(n)` when the bytes are gone (stored, refused, dropped).
+answer is not None; it calls `release(n)` when the bytes are gone (stored, refused, dropped), or
+`release_after(futures, n)` to keep them until the publish's futures are done.
 `close()` gives back whatever a connection still holds when it ends, so the broker-wide count can
-never leak. No I/O; single event loop (no locks needed).
+never leak.
+
+A front-end that can push back instead of refusing (MQTT: TCP backpressure) takes bytes it already
+holds with `charge(n)`, which never refuses, and stops reading while `over` -- as long as some of
+what it holds is a publish that will finish and be released; otherwise it cannot wait and refuses.
+No I/O; single event loop (no locks needed).
 """
 from __future__ import annotations
 
@@ -48,11 +54,44 @@ class ConnectionInbound:
         if broker is not None and broker.limit and broker.used + n > broker.limit:
             return (f"the broker's partially received messages would exceed bounds.broker_inbound_bytes "
                     f"({broker.limit} bytes); try again later")
+        self.charge(n)
+        return None
+
+    def charge(self, n: int) -> None:
+        """Take n bytes the front-end holds already, whatever the bounds say (it stops reading
+        while `over` instead of refusing)."""
+        if n <= 0:
+            return
         self.used += n
+        broker = self.broker
         if broker is not None:
             broker.used += n
             broker.peak = max(broker.peak, broker.used)
-        return None
+
+    @property
+    def over(self) -> bool:
+        """At or above this connection's bound or the broker's."""
+        if self.limit and self.used >= self.limit:
+            return True
+        broker = self.broker
+        return broker is not None and bool(broker.limit) and broker.used >= broker.limit
+
+    def release_after(self, futures: list, n: int, then: Any = None) -> None:
+        """Keep n bytes until every future is done (stored or failed), then release them and
+        call `then()` (a front-end paused while `over` resumes there)."""
+        left = [len(futures)]
+
+        def done(_fut: Any = None) -> None:
+            left[0] -= 1
+            if left[0] <= 0:
+                self.release(n)
+                if then is not None:
+                    then()
+        if not futures:
+            done()
+            return
+        for fut in futures:
+            fut.add_done_callback(done)
 
     def release(self, n: int) -> None:
         n = min(max(n, 0), self.used)

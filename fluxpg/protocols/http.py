@@ -36,6 +36,7 @@ from urllib.parse import unquote
 
 from aiohttp import web
 
+from fluxpg.bounds import broker_inbound
 from fluxpg.queues.admin import Admin
 from fluxpg.errors import FluxError, Unavailable, UnknownQueue
 
@@ -188,6 +189,12 @@ async def collect_metrics(ctx: Any) -> str:
           len(ctx.connections))
     m.add("fluxpg_subscriptions", "gauge", "Active queue subscriptions (consumers) on this node",
           len(getattr(manager, "subscriptions", ())))
+    inbound = broker_inbound(ctx)   # bounds.broker_inbound_bytes (fluxpg/bounds.py)
+    m.add("fluxpg_inbound_bytes", "gauge",
+          "Bytes of client messages this node holds before they are stored (partly received or "
+          "waiting for their commit), all connections", inbound.used if inbound is not None else 0)
+    m.add("fluxpg_inbound_bytes_peak", "gauge", "Highest fluxpg_inbound_bytes since this node started",
+          inbound.peak if inbound is not None else 0)
     router = ctx.state.get("mqtt.router")
     if router is not None:      # MQTT outbound bounds (fluxpg/protocols/mqtt/session.py Session.enqueue)
         m.add("fluxpg_mqtt_sessions", "gauge", "MQTT sessions on this node (connected or persistent)",

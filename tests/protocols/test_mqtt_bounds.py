@@ -172,3 +172,80 @@ def test_broker_memory_stays_bounded_with_a_stalled_qos1_subscriber(dsn):
         pub.close()
     finally:
         broker.close()
+
+
+# --------------------------------------------------------------------------- inbound (publisher side)
+
+
+def _metric(port: int, name: str) -> int:
+    import urllib.request
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return int(float(line.split()[1]))
+    raise AssertionError(f"{name} not on /metrics")
+
+
+def _send_until_stalled(sock, data: bytes, stall: float = 1.5) -> int:
+    """Write `data` without blocking until the peer stops taking it for `stall` seconds (or all of
+    it is written); how many bytes were written."""
+    import select
+    sock.setblocking(False)
+    sent = 0
+    while sent < len(data):
+        _, writable, _ = select.select([], [sock], [], stall)
+        if not writable:
+            break
+        try:
+            sent += sock.send(data[sent:sent + 65536])
+        except BlockingIOError:
+            continue
+    return sent
+
+
+def test_publishes_awaiting_their_commit_are_bounded_by_bytes(threaded_broker, dsn, qname):
+    """QoS 1 publishes whose commit is held up (another transaction holds the queue's head row)
+    stay charged to bounds.connection_inbound_bytes until they commit, and the broker stops
+    reading the publisher's socket at the bound (TCP pushes back) instead of holding
+    count × packet size. Once the commits go through, every publish is stored and acknowledged."""
+    import socket
+
+    import psycopg
+
+    from fluxpg.config import BoundsConfig
+    from fluxpg.protocols.mqtt.codec import Connect, Decoder, Puback, Publish, encode
+
+    bound, size, count = 1_000_000, 200_000, 150           # 30 MB offered, 1 MB allowed
+    srv = threaded_broker(config=Config(queues=[QueueConfig(name=qname)],
+                                        bounds=BoundsConfig(connection_inbound_bytes=bound)))
+    http = srv.port("http")
+    stream = b"".join(encode(Publish(f"$queue/{qname}/x", b"p" * size, 1, packet_id=i + 1), 5)
+                      for i in range(count))
+    with psycopg.connect(dsn) as lock, socket.create_connection(("127.0.0.1", srv.port("mqtt")), timeout=10) as sock:
+        # Appends to the queue wait for this row lock until the rollback below.
+        lock.execute("SELECT 1 FROM fluxpg.heads h JOIN fluxpg.queues q ON q.id = h.queue_id "
+                     "WHERE q.name = %s FOR UPDATE", [qname])
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65536)
+        sock.sendall(encode(Connect(client_id="bulk", keep_alive=60), 5))
+        assert sock.recv(100)[:1] == b"\x20"                  # CONNACK
+        sent = _send_until_stalled(sock, stream)
+        held = _metric(http, "fluxpg_inbound_bytes")
+        # The broker read up to the bound (plus one read and the packet in progress), no further:
+        # the rest is in the kernel's socket buffers or not sent at all.
+        assert bound <= held <= bound + 65536 + size + 100, held
+        assert sent < len(stream) // 2, (sent, len(stream))
+        lock.rollback()
+        sock.settimeout(30)
+        sock.setblocking(True)
+        sock.sendall(stream[sent:])
+        dec, acks = Decoder(version=5), []
+        while len(acks) < count:
+            chunk = sock.recv(65536)
+            assert chunk, "connection closed"
+            dec.feed(chunk)
+            acks += [p for p in dec if isinstance(p, Puback)]
+    assert [a.packet_id for a in acks] == list(range(1, count + 1))
+    assert all(a.reason_code == 0 for a in acks)
+    assert [r["depth"] for r in srv.call(srv.manager.queue_stats()) if r["queue"] == qname] == [count]
+    assert wait_until(lambda: _metric(http, "fluxpg_inbound_bytes") == 0)
+    assert _metric(http, "fluxpg_inbound_bytes_peak") <= bound + 65536 + size + 100

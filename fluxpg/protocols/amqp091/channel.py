@@ -605,25 +605,11 @@ class Channel:
                 raise
             entry.error = err
         # The body stays reserved until its appends finished (stored or failed).
-        self._release_after(entry.tasks, reserved)
+        self.conn.inbound.release_after(entry.tasks, reserved)
         self._pipeline.append(entry)
         self._pipeline_idle.clear()
         if self._confirmer is None or self._confirmer.done():
             self._confirmer = self._spawn(self._confirm_loop())
-
-    def _release_after(self, tasks: list[asyncio.Task], n: int) -> None:
-        inbound = self.conn.inbound
-        if not tasks:
-            inbound.release(n)
-            return
-        left = [len(tasks)]
-
-        def done(_task: asyncio.Task) -> None:
-            left[0] -= 1
-            if left[0] == 0:
-                inbound.release(n)
-        for task in tasks:
-            task.add_done_callback(done)
 
     def _drop_partial(self) -> None:
         """Forget a partially received message (channel closing, error): free its bytes."""

@@ -479,6 +479,15 @@ class Connection:
         self.out_aliases: dict[str, int] = {}
         self.in_aliases: dict[int, str] = {}
         self.inbound_unacked = 0
+        # bounds.connection_inbound_bytes / broker_inbound_bytes (fluxpg/bounds.py): the bytes of
+        # the packet being read, and of every publish from its decoding until its commit (the
+        # payload is held by the append or the router's write meanwhile).
+        self.inbound = inbound_bounds.connection_inbound(ctx)
+        self.inbound_held = 0             # of which: publishes waiting for their commit
+        self._inbound_freed = asyncio.Event()
+        self._packet_size = 0             # encoded size of the packet being handled
+        self._partial = 0                 # bytes of the read buffer charged to self.inbound
+        self.reading_paused = False       # over the inbound bound: keep alive does not run out
         self.will: Message | None = None
         self.will_delay = 0
         self.default_group = ""
@@ -877,12 +886,35 @@ class Connection:
 
     async def _read_loop(self) -> None:
         # The bytes of a partially received packet count toward bounds.connection_inbound_bytes
-        # and bounds.broker_inbound_bytes (fluxpg/bounds.py), like AMQP bodies do.
-        inbound = inbound_bounds.connection_inbound(self.ctx)
+        # and bounds.broker_inbound_bytes (fluxpg/bounds.py), like AMQP bodies do; so does every
+        # publish until its commit (_hold_inbound).
         try:
-            await self._read_packets(inbound)
+            await self._read_packets(self.inbound)
         finally:
-            inbound.close()
+            # The packet being read is gone; publishes still committing give their bytes back
+            # when they finish (their payloads are held until then, connection or not).
+            self.inbound.release(self._partial)
+            self._partial = 0
+
+    def _hold_inbound(self, futures: list) -> None:
+        """A decoded publish stays charged (its packet's bytes) until its futures are done."""
+        n = self._packet_size
+        self._packet_size = 0
+        if n <= 0 or not futures:
+            return
+        self.inbound.charge(n)
+        self.inbound_held += n
+
+        def freed() -> None:
+            self.inbound_held -= n
+            self._inbound_freed.set()
+        self.inbound.release_after(futures, n, freed)
+
+    def _sync_partial(self, inbound: Any) -> None:
+        """Release the charged bytes of the read buffer that decoding has taken out of it."""
+        if self._partial > self.decoder.buffered:
+            inbound.release(self._partial - self.decoder.buffered)
+            self._partial = self.decoder.buffered
 
     async def _read_packets(self, inbound: Any) -> None:
         loop = asyncio.get_running_loop()
@@ -897,26 +929,44 @@ class Connection:
         while not self.closing:
             decoded = False
             while not self.closing:
+                before = decoder.buffered
                 pkt = decoder.next_packet()
                 if pkt is None:
                     break
                 decoded = True
+                # The packet's bytes leave the read buffer; a publish charges them again until
+                # its commit (_hold_inbound), so nothing is counted twice.
+                self._packet_size = before - decoder.buffered
+                self._sync_partial(inbound)
                 handler = self._HANDLERS.get(type(pkt))
                 if handler is None:
                     raise ProtocolError(f"a client must not send {type(pkt).__name__.upper()}")
                 result = handler(self, pkt)
+                self._packet_size = 0
                 if result is not None:
                     await result
-            if inbound.used > decoder.buffered:   # decoded packets are no longer held here
-                inbound.release(inbound.used - decoder.buffered)
+            self._sync_partial(inbound)
             if self.transport.get_write_buffer_size() > 65536:
                 await self.writer.drain()
+            paused = False
+            while self.inbound_held and inbound.over and not self.closing:
+                # Publishes waiting for their commit hold this connection (or the broker) at its
+                # bound: stop reading until one finishes -- TCP pushes back on the client. (Only
+                # while something will finish: with nothing held the bound refuses instead.)
+                paused = self.reading_paused = True
+                self._inbound_freed.clear()
+                try:
+                    await self._inbound_freed.wait()
+                finally:
+                    self.reading_paused = False
+            if paused:
+                self.last_rx = loop.time()   # keep alive counts from when we read again
             if self.closing:
                 return
             if not decoder.buffered:
                 started = None
-            elif decoded or started is None:
-                started = loop.time()
+            elif decoded or started is None or paused:
+                started = loop.time()   # the broker's pause is not the client's slowness
             if started is not None and frame_timeout:
                 try:
                     data = await asyncio.wait_for(reader.read(65536), max(0.0, started + frame_timeout - loop.time()))
@@ -931,22 +981,28 @@ class Connection:
                 return
             self.last_rx = loop.time()
             decoder.feed(data)
-            grown = decoder.buffered - inbound.used
+            grown = decoder.buffered - self._partial
             if grown > 0:
-                refused = inbound.reserve(grown)
-                if refused is not None:
-                    log.info("MQTT %s: packet refused: %s", self.client_id, refused)
-                    self._shutdown(RC.QUOTA_EXCEEDED, "inbound bytes over the broker's bound", end="error")
-                    return
-            else:
-                inbound.release(-grown)
+                if self.inbound_held:
+                    # Read already; publishes being committed will free room: the next read
+                    # waits for that if this passes the bound.
+                    inbound.charge(grown)
+                else:
+                    refused = inbound.reserve(grown)
+                    if refused is not None:
+                        log.info("MQTT %s: packet refused: %s", self.client_id, refused)
+                        self._shutdown(RC.QUOTA_EXCEEDED, "inbound bytes over the broker's bound", end="error")
+                        return
+                self._partial += grown
 
     async def _watch_keep_alive(self) -> None:
         loop = asyncio.get_running_loop()
         limit = self.keep_alive * 1.5        # §3.1.2.10: one and a half times the keep alive
         while not self.closing:
             wait = self.last_rx + limit - loop.time()
-            if wait <= 0:
+            if wait <= 0 and self.reading_paused:
+                wait = limit    # we stopped reading, not the client
+            elif wait <= 0:
                 log.info("MQTT %s: keep alive of %ss expired", self.client_id, self.keep_alive)
                 self._shutdown(RC.KEEP_ALIVE_TIMEOUT, "keep alive timeout", end="keepalive")
                 return
@@ -1052,6 +1108,8 @@ class Connection:
         msg = Message(topic, p.payload, qos, p.retain, _message_props(props) if self.v5 else {},
                       _expiry(props) if self.v5 else None, self.client_id)
         fut = self.router.publish(msg)
+        if fut is not None:
+            self._hold_inbound([fut])   # retained store / relay / session rows hold the payload
         if qos == 0:
             if fut is not None:
                 fut.add_done_callback(_log_failure)
@@ -1065,6 +1123,8 @@ class Connection:
 
     def _answer(self, p: Publish, what: str):
         """The PUBACK/PUBREC for a publish once its awaitable finished (or failed)."""
+        p = _without_payload(p)   # the answer waits its turn: it must not keep the payload alive
+
         def answer(_result: Any, exc: BaseException | None) -> Any:
             rc = RC.SUCCESS
             reason = None
@@ -1094,7 +1154,8 @@ class Connection:
             return None
         if not self.v5:
             raise _Close(None, reason)
-        return self._push(None, lambda r, e: self._ack_packet(p, rc, reason))
+        head = _without_payload(p)
+        return self._push(None, lambda r, e: self._ack_packet(head, rc, reason))
 
     def _on_queue_publish(self, p: Publish, topic: str):
         try:
@@ -1106,6 +1167,7 @@ class Connection:
         headers = _headers(_message_props(p.properties)) if self.v5 else None
         # Started now, in arrival order: the appender commits in the order publishes are handed in.
         task = asyncio.ensure_future(self.manager.publish(topic, p.payload, headers))
+        self._hold_inbound([task])
         if p.qos == 0:
             task.add_done_callback(_log_failure)
             return None
@@ -1402,6 +1464,11 @@ def _log_failure(fut: asyncio.Future) -> None:
 # --------------------------------------------------------------------------------------------
 # entry point
 # --------------------------------------------------------------------------------------------
+
+def _without_payload(p: Publish) -> Publish:
+    """What an answer needs of a publish (topic, QoS, packet id), without its payload."""
+    return Publish(p.topic, b"", p.qos, p.retain, p.dup, p.packet_id)
+
 
 async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, initial: bytes, ctx: Any) -> None:
     router = await get_router(ctx)

@@ -416,3 +416,53 @@ def test_amqp091_large_double_header_is_deliverable(threaded_broker, qname):
     finally:
         conn.close()
         raw.sock.close()
+
+
+def test_amqp091_transactional_publishes_are_charged_until_commit(threaded_broker, qname):
+    """Publishes buffered in a transaction (tx.select … tx.commit) hold their bodies (and a
+    per-message overhead) against bounds.connection_inbound_bytes until commit or rollback; a
+    transaction that would pass the bound closes its channel with 406 PRECONDITION_FAILED (the
+    transaction rolled back, as RabbitMQ refuses an oversized transaction), the connection and
+    its other channels go on, and nothing stays counted."""
+    import pika
+    import pika.exceptions
+
+    from fluxpg.config import QueueConfig
+    from fluxpg.protocols.amqp091.channel import TX_MESSAGE_OVERHEAD
+    srv = threaded_broker(config=Config(queues=[QueueConfig(name=qname)],
+                                        bounds=BoundsConfig(connection_inbound_bytes=300_000)))
+    conn = pika.BlockingConnection(pika.ConnectionParameters(host="127.0.0.1", port=srv.port("amqp091"),
+                                                             connection_attempts=1, socket_timeout=10))
+    body = b"t" * 50_000
+    try:
+        ch = conn.channel()
+        ch.tx_select()
+        for _ in range(3):
+            ch.basic_publish("", qname, body)
+        conn.process_data_events(0.2)
+        wait = time.monotonic() + 5
+        while _broker_inbound(srv) < 3 * (50_000 + TX_MESSAGE_OVERHEAD) and time.monotonic() < wait:
+            time.sleep(0.05)
+        assert _broker_inbound(srv) == 3 * (50_000 + TX_MESSAGE_OVERHEAD)     # held until commit
+        ch.tx_commit()
+        assert _broker_inbound(srv) == 0
+        for _ in range(2):
+            ch.basic_publish("", qname, body)
+        ch.tx_rollback()
+        assert _broker_inbound(srv) == 0
+        # 6 × 50 kB in one transaction passes the 300 kB bound: the channel is closed
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+            for _ in range(6):
+                ch.basic_publish("", qname, body)
+            ch.tx_commit()
+        assert err.value.reply_code == 406 and "connection_inbound_bytes" in err.value.reply_text
+        wait = time.monotonic() + 5     # released once the channel's close completed
+        while _broker_inbound(srv) and time.monotonic() < wait:
+            time.sleep(0.05)
+        assert _broker_inbound(srv) == 0
+        other = conn.channel()                                   # the connection goes on
+        other.confirm_delivery()
+        other.basic_publish("", qname, b"after")
+    finally:
+        conn.close()
+    assert [r["depth"] for r in srv.call(srv.manager.queue_stats()) if r["queue"] == qname] == [4]

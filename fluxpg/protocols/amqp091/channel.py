@@ -57,6 +57,10 @@ Basic, Queue, Exch, Chan, Confirm = commands.Basic, commands.Queue, commands.Exc
 MAX_PIPELINE = 2000          # publishes in flight per channel before the reader waits (TCP back-pressure)
 SERVER_MAX_BODY = 512 * 2 ** 20   # hard cap when every queue allows unlimited sizes
 DEFAULT_MAX_MESSAGE_SIZE = LimitsConfig().max_message_size
+# What one publish waiting in a transaction costs beyond its body (topic, headers, log rows;
+# ~400 bytes measured with tracemalloc): charged to the inbound bound too, so a transaction of
+# empty messages is bounded as well.
+TX_MESSAGE_OVERHEAD = 512
 
 # Methods a client sends without waiting for an answer: they skip the drain barrier.
 _ASYNC_METHODS = (Basic.Publish, Basic.Ack, Basic.Nack, Basic.Reject)
@@ -137,6 +141,10 @@ class Channel:
         self.tx = None
         self._tx_acked: list[tuple[int, Unacked]] = []    # settled in the tx: restored at rollback
         self._tx_returns: list[bytes] = []                # basic.return frames, sent at commit
+        # Bytes of conn.inbound the open transaction's publishes hold (bodies + overhead) until
+        # tx.commit / tx.rollback / the channel's close: buffered messages count toward
+        # bounds.connection_inbound_bytes and broker_inbound_bytes like partial ones.
+        self._tx_held = 0
 
     # ------------------------------------------------------------------ frame entry point
 
@@ -556,12 +564,21 @@ class Channel:
                                 f"maximum of {limit} bytes", Basic.Publish)
         # Reserve the announced size BEFORE buffering any of it: one connection (summed over
         # its channels) and the broker as a whole hold at most bounds.*_inbound_bytes.
-        refused = self.conn.inbound.reserve(ch.body_size)
+        need = ch.body_size + (TX_MESSAGE_OVERHEAD if self.tx is not None else 0)
+        refused = self.conn.inbound.reserve(need)
         if refused is not None:
             self._publish = None
+            if self.tx is not None:
+                # The transaction holding the bytes is this channel's: closing the channel (its
+                # transaction rolled back) frees them, the connection's other channels go on.
+                # RabbitMQ refuses a transaction over its bound the same way (406).
+                setting = "broker_inbound_bytes" if "broker_inbound_bytes" in refused else "connection_inbound_bytes"
+                raise channel_error(PRECONDITION_FAILED, f"transaction holds {self._tx_held} bytes uncommitted; "
+                                    f"{ch.body_size} more would exceed bounds.{setting}: commit more often",
+                                    Basic.Publish)
             raise connection_error(RESOURCE_ERROR, f"message of {ch.body_size} bytes refused: {refused}",
                                    Basic.Publish)
-        self._reserved = ch.body_size
+        self._reserved = need
         self._header = ch
         if ch.body_size == 0:
             self._complete()
@@ -588,8 +605,9 @@ class Channel:
         reserved, self._reserved = self._reserved, 0
         if self.tx is not None:
             # Transactional: validated and collected now, applied (or not) at tx.commit; a bad
-            # publish closes the channel exactly as outside a transaction.
-            self.conn.inbound.release(reserved)
+            # publish closes the channel exactly as outside a transaction. The body stays
+            # reserved while the transaction holds it.
+            self._tx_held += reserved
             self._start_publish(None, method, header.properties, body)
             return
         tag = None
@@ -827,6 +845,7 @@ class Channel:
             raise channel_error(PRECONDITION_FAILED, "channel is not transactional", m)
         acked, returns = self._tx_acked, self._tx_returns
         self._tx_acked, self._tx_returns = [], []
+        held, self._tx_held = self._tx_held, 0
         try:
             await self.tx.commit()
         except FluxError as exc:
@@ -835,6 +854,8 @@ class Channel:
             self._tx_acked = acked
             self._tx_undo()
             raise _error_from_flux(exc, m) from None
+        finally:
+            self.conn.inbound.release(held)    # stored, or dropped with the failed commit
         for frames in returns:
             self.conn.write(frames)
         self._grant([e for _tag, e in acked])
@@ -853,6 +874,8 @@ class Channel:
         if self.tx is not None:
             self.tx.rollback()
         self._tx_returns = []
+        self.conn.inbound.release(self._tx_held)
+        self._tx_held = 0
         if self._tx_acked:
             for tag, entry in self._tx_acked:
                 self.unacked[tag] = entry

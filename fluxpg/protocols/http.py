@@ -36,6 +36,7 @@ from urllib.parse import unquote
 
 from aiohttp import web
 
+from fluxpg import connections
 from fluxpg.bounds import broker_inbound
 from fluxpg.queues.admin import Admin
 from fluxpg.errors import FluxError, Unavailable, UnknownQueue
@@ -252,6 +253,10 @@ def _is_api(path: str) -> bool:
 @web.middleware
 async def errors_middleware(request: web.Request, handler):
     """API paths answer errors as one-line JSON; nothing ever shows a traceback."""
+    if request.path != "/mqtt":
+        # The request's headers are complete: the listener's handshake deadline is met (MQTT
+        # over WebSocket meets it at CONNACK instead).
+        connections.logged_in()
     if request.version not in ((1, 0), (1, 1)):
         # aiohttp's parser lets "HTTP/2.0" in text and version-less (0.9) request lines through.
         return json_error(505, "HTTP/1.0 or HTTP/1.1 only", {"Connection": "close"})

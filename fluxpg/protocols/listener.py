@@ -94,6 +94,34 @@ async def _read_header(reader: asyncio.StreamReader) -> bytes:
     return first + rest
 
 
+def handshake_limit(ctx: Any) -> float:
+    """bounds.handshake_timeout in seconds (0: no deadline)."""
+    bounds = getattr(ctx.config, "bounds", None)
+    timeout = getattr(bounds, "handshake_timeout", None)
+    return timeout.total_seconds() if timeout else 0.0
+
+
+def watch_handshake(info: ConnectionInfo, accepted: float, limit: float) -> asyncio.TimerHandle | None:
+    """Close the connection `limit` seconds after `accepted` (loop time) unless its protocol has
+    called connections.logged_in() by then -- one absolute deadline from accept, whatever bytes
+    trickle in meanwhile. Every listener (TCP, HTTP, WebSocket) uses it; cancel the handle when
+    the connection ends."""
+    if not limit:
+        return None
+    loop = asyncio.get_running_loop()
+    return loop.call_at(accepted + limit, _handshake_expired, info, limit)
+
+
+def _handshake_expired(info: ConnectionInfo, limit: float) -> None:
+    if info.logged_in or info.task is None or info.task.done():
+        return
+    log.info("%s: %s connection from %s did not finish its handshake and login within %ss of accept "
+             "(bounds.handshake_timeout): closing", info.listener, info.protocol, info.peer, limit)
+    # Drop the socket as well as cancelling: on Python 3.11 asyncio.wait_for can swallow a
+    # cancellation that arrives as its read completes, and the handler would read on.
+    info.close()
+
+
 class Listener:
     def __init__(self, name: str, host: str, port: int, ctx: BrokerContext, *,
                  ssl: ssl_module.SSLContext | None = None, flag: str | None = None, reuse_port: bool = False):
@@ -121,27 +149,12 @@ class Listener:
         self.port = sock.getsockname()[1]
         log.info("%s listener on %s:%d%s", self.name, self.host, self.port, " (TLS)" if self.ssl else "")
 
-    def _handshake_limit(self) -> float:
-        bounds = getattr(self.ctx.config, "bounds", None)
-        timeout = getattr(bounds, "handshake_timeout", None)
-        return timeout.total_seconds() if timeout else 0.0
-
-    def _handshake_expired(self, info: ConnectionInfo, limit: float, writer: asyncio.StreamWriter) -> None:
-        if info.logged_in or info.task is None or info.task.done():
-            return
-        log.info("%s: %s connection from %s did not finish its handshake and login within %ss of accept "
-                 "(bounds.handshake_timeout): closing", self.name, info.protocol, info.peer, limit)
-        # Drop the socket as well as cancelling: on Python 3.11 asyncio.wait_for can swallow a
-        # cancellation that arrives as its read completes, and the handler would read on.
-        writer.transport.abort()
-        info.task.cancel()
-
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         self.ctx.connections.add(task)
         loop = asyncio.get_running_loop()
         # An absolute deadline from accept: bytes trickled in one at a time do not extend it.
-        limit = self._handshake_limit()
+        limit = handshake_limit(self.ctx)
         accepted = loop.time()
         try:
             sock = writer.get_extra_info("socket")
@@ -166,10 +179,9 @@ class Listener:
             info = self.ctx.registry.add(ConnectionInfo(
                 protocol, f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer), self.name, task=task,
                 transport=writer.transport))
-            # HTTP has no login step of its own (aiohttp bounds its requests; auth is per request).
-            watchdog = (loop.call_later(max(0.0, limit - (loop.time() - accepted)), self._handshake_expired, info, limit,
-                                          writer)
-                        if limit and protocol != "http" else None)
+            # HTTP's "login" is its first request's headers (auth is per request; the HTTP
+            # module marks it), or for MQTT over WebSocket on /mqtt the CONNACK.
+            watchdog = watch_handshake(info, accepted, limit)
             try:
                 await handler(reader, writer, initial, self.ctx)
             finally:

@@ -85,6 +85,58 @@ def test_handshake_deadline_is_absolute(threaded_broker, protocol):
     assert 1.2 <= took < 6, took
 
 
+def _ws_frame(payload: bytes) -> bytes:
+    """One binary WebSocket frame as a client sends it (masked)."""
+    assert len(payload) < 126
+    mask = b"\x01\x02\x03\x04"
+    return bytes([0x82, 0x80 | len(payload)]) + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+
+
+WS_UPGRADE = ("GET /mqtt HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+              "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+              "Sec-WebSocket-Protocol: mqtt\r\n\r\n").encode()
+
+
+@pytest.mark.parametrize("listener,stage", [("http", "request"), ("http", "mqtt-connect"), ("ws", "request"),
+                                            ("ws", "mqtt-connect")])
+def test_http_and_websocket_handshake_deadline_is_absolute(threaded_broker, listener, stage):
+    """HTTP and MQTT over WebSocket (the HTTP listener's /mqtt and the `ws` listener) are held to
+    the same deadline from accept: request headers trickled a byte at a time, or a WebSocket
+    upgrade done at once and then the CONNECT trickled, are cut off handshake_timeout after accept."""
+    srv = threaded_broker(config=Config(listeners={"ws": "127.0.0.1:0"},
+                                        bounds=BoundsConfig(handshake_timeout="1500ms", frame_timeout="30s")))
+    if stage == "request":
+        data = (WS_UPGRADE if listener == "ws" else
+                b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"s" * 40 + b"\r\n\r\n")
+    else:
+        data = _ws_frame(encode(Connect(client_id="slowpoke" * 10, keep_alive=60), 5))
+    assert len(data) * TRICKLE > 6, "the trickle must outlast the deadline by far"
+    with _connect(srv, listener) as sock:
+        if stage == "mqtt-connect":
+            sock.sendall(WS_UPGRADE)
+            sock.settimeout(10)
+            assert sock.recv(4096).startswith(b"HTTP/1.1 101")
+        took = _trickle_until_closed(sock, data, limit=20)
+    assert 1.0 <= took < 6, took
+
+
+def test_http_keep_alive_outlives_the_handshake_deadline(threaded_broker):
+    """The deadline covers the first request's headers only: a keep-alive connection that was
+    answered goes on serving requests after it."""
+    srv = threaded_broker(config=Config(bounds=BoundsConfig(handshake_timeout="1s")))
+    with _connect(srv, "http") as sock:
+        request = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+        for _ in range(2):
+            sock.sendall(request)
+            answer = b""
+            while b"\r\n\r\n" not in answer:
+                chunk = sock.recv(4096)
+                assert chunk, "closed"
+                answer += chunk
+            assert answer.startswith(b"HTTP/1.1 200"), answer
+            time.sleep(1.5)
+
+
 # --------------------------------------------------------------------------- frame deadline
 
 

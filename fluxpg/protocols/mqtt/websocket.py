@@ -255,13 +255,27 @@ class WebSocketListener:
         self.server: Any = None
 
     async def start(self) -> None:
-        from websockets.asyncio.server import serve
+        from websockets.asyncio.server import ServerConnection, serve
 
-        from fluxpg.protocols.listener import ListenerError
+        from fluxpg.protocols.listener import ListenerError, handshake_limit
+
+        class _Accepted(ServerConnection):
+            """Remembers when the TCP connection was accepted: the handshake deadline counts
+            from there (the WebSocket handshake and the MQTT CONNECT together)."""
+
+            def __init__(self, *args: Any, **kwargs: Any):
+                super().__init__(*args, **kwargs)
+                self.accepted = asyncio.get_running_loop().time()
+
+        # bounds.handshake_timeout, absolute from accept: websockets' open_timeout bounds the
+        # WebSocket handshake (HTTP upgrade request trickled or not), _handle the rest up to
+        # CONNACK (listener.watch_handshake), so the sum is never more than the one deadline.
+        limit = handshake_limit(self.ctx)
         try:
             self.server = await serve(self._handle, self.host, self.port, ssl=self.ssl,
                                       subprotocols=list(SUBPROTOCOLS), select_subprotocol=_select,
                                       max_size=MAX_MESSAGE, compression=None, ping_interval=None,
+                                      open_timeout=limit or None, create_connection=_Accepted,
                                       reuse_port=self.reuse_port or None)
         except OSError as exc:
             raise ListenerError(f"{self.name} listener: cannot listen on {self.host}:{self.port}: "
@@ -271,13 +285,25 @@ class WebSocketListener:
                  " (TLS)" if self.ssl else "")
 
     async def _handle(self, conn: Any) -> None:
+        from fluxpg.connections import ConnectionInfo
+        from fluxpg.protocols.listener import handshake_limit, watch_handshake
+
         task = asyncio.current_task()
         self.ctx.connections.add(task)
+        stream = _WebsocketsStream(conn)
+        # Listed like the other listeners' connections (console, handshake deadline).
+        info = self.ctx.registry.add(ConnectionInfo("mqtt-ws", stream.peer or "?", self.name, task=task,
+                                                    transport=conn.transport))
+        accepted = getattr(conn, "accepted", None) or asyncio.get_running_loop().time()
+        watchdog = watch_handshake(info, accepted, handshake_limit(self.ctx))
         try:
-            await serve_mqtt(_WebsocketsStream(conn), self.ctx)
+            await serve_mqtt(stream, self.ctx)
         except Exception:  # noqa: BLE001 - one bad connection never takes the listener down
             log.exception("%s: MQTT over WebSocket connection failed", self.name)
         finally:
+            if watchdog is not None:
+                watchdog.cancel()
+            self.ctx.registry.remove(info)
             self.ctx.connections.discard(task)
 
     async def close(self) -> None:

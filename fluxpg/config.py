@@ -620,9 +620,11 @@ class BoundsConfig(_Strict):
     handshake_timeout: Duration = timedelta(seconds=10)
     # Once the first byte of a frame/packet arrived, the whole frame/packet must arrive within this.
     frame_timeout: Duration = timedelta(seconds=30)
-    # Sum of partially received message bodies (AMQP 0-9-1 content across channels, AMQP 1.0
-    # multi-frame transfers across links, MQTT packet being read) held for ONE connection.
-    # Above it the connection is refused with the protocol's resource error before buffering more.
+    # Sum of message bytes held for ONE connection before they are stored: partially received
+    # bodies (AMQP 0-9-1 content across channels, AMQP 1.0 multi-frame transfers across links,
+    # MQTT packet being read; above it the protocol's resource error before buffering more),
+    # AMQP 0-9-1 transactions until commit (above it 406, the channel closes) and MQTT publishes
+    # until their commit (above it the socket is not read: TCP backpressure).
     connection_inbound_bytes: int = Field(64 * 2 ** 20, ge=0)
     # Unsent outbound bytes per connection (the transport's write buffer): deliveries stop (and
     # claiming pauses) above it until the client reads; nothing confirmed is dropped.

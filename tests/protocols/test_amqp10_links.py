@@ -587,3 +587,38 @@ def test_closing_a_link_releases_what_it_did_not_settle(threaded_broker, qname):
         assert time.monotonic() - started < 10
     finally:
         conn.close()
+
+
+def test_transactional_posts_are_charged_to_the_inbound_bound_until_discharge(threaded_broker, qname):
+    """Posts collected in a transaction hold their bytes (and a per-message overhead) against
+    bounds.connection_inbound_bytes until discharge: past the bound a post is rejected with
+    amqp:resource-limit-exceeded (the transaction goes on with the others); the discharge gives
+    the bytes back, so the next transaction on the connection has the whole bound again."""
+    from fluxpg import bounds
+    from fluxpg.config import BoundsConfig, Config
+
+    srv = threaded_broker(config=Config(queues=[QueueConfig(name=qname)],
+                                        bounds=BoundsConfig(connection_inbound_bytes=300_000)))
+    body = "b" * 50_000
+
+    class Client(_TxClient):
+        rejected: list = []
+
+        def on_rejected(self, event):
+            self.rejected.append(event.delivery.remote.condition.name)
+
+    def send(n):
+        def step(client, tx):
+            for _ in range(n):
+                tx.send(client.sender, Message(body=body))
+            tx.commit()
+        return step
+
+    client = Client(url(srv), qname, [send(8), send(5)])
+    run_client(client)
+    assert client.ended == ["committed", "committed"]
+    # 5 × (50 kB + overhead) fit in 300 kB: 3 of the first 8 and none of the next 5 are refused
+    assert client.rejected == ["amqp:resource-limit-exceeded"] * 3
+    assert len(log_rows(srv, qname)) == 10
+    found = srv.server.ctx.state.get(bounds.STATE_KEY)
+    assert found is not None and found.used == 0

@@ -480,7 +480,7 @@ def test_amqp091_transactional_publishes_are_charged_until_commit(threaded_broke
     import pika.exceptions
 
     from fluxpg.config import QueueConfig
-    from fluxpg.protocols.amqp091.channel import TX_MESSAGE_OVERHEAD
+    from fluxpg.bounds import TX_MESSAGE_OVERHEAD
     srv = threaded_broker(config=Config(queues=[QueueConfig(name=qname)],
                                         bounds=BoundsConfig(connection_inbound_bytes=300_000)))
     conn = pika.BlockingConnection(pika.ConnectionParameters(host="127.0.0.1", port=srv.port("amqp091"),

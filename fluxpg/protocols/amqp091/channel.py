@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from pamqp import commands
 
 from fluxpg.auth import authorize, subscription
+from fluxpg.bounds import TX_MESSAGE_OVERHEAD
 from fluxpg.config import LimitsConfig, queue_config_from_amqp_args
 from fluxpg.protocols.amqp091 import framing
 from fluxpg.protocols.amqp091.exchanges import EXCHANGE_TYPES, Binding, Exchange, freeze_args
@@ -57,10 +58,6 @@ Basic, Queue, Exch, Chan, Confirm = commands.Basic, commands.Queue, commands.Exc
 MAX_PIPELINE = 2000          # publishes in flight per channel before the reader waits (TCP back-pressure)
 SERVER_MAX_BODY = 512 * 2 ** 20   # hard cap when every queue allows unlimited sizes
 DEFAULT_MAX_MESSAGE_SIZE = LimitsConfig().max_message_size
-# What one publish waiting in a transaction costs beyond its body (topic, headers, log rows;
-# ~400 bytes measured with tracemalloc): charged to the inbound bound too, so a transaction of
-# empty messages is bounded as well.
-TX_MESSAGE_OVERHEAD = 512
 
 # Methods a client sends without waiting for an answer: they skip the drain barrier.
 _ASYNC_METHODS = (Basic.Publish, Basic.Ack, Basic.Nack, Basic.Reject)

@@ -48,7 +48,7 @@ from proton import Condition, Data, Described, Event, Link, Message, Terminus, s
 from proton import Delivery as PnDelivery
 
 from fluxpg import connections
-from fluxpg.bounds import connection_inbound
+from fluxpg.bounds import TX_MESSAGE_OVERHEAD, connection_inbound
 from fluxpg.auth import AuthError, OpenAuthenticator, Principal, authorize, subscription
 from fluxpg.config import LimitsConfig
 from fluxpg.protocols import prescan
@@ -157,6 +157,7 @@ class _Txn:
     tx: Any
     posts: list[PnDelivery] = field(default_factory=list)          # transfers to settle at discharge
     settles: list[tuple[_Consumer, str, PnDelivery]] = field(default_factory=list)  # our deliveries it settles
+    held: int = 0     # bytes of the connection's inbound count its posts hold until discharge
 
 
 async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, initial: bytes, ctx) -> None:
@@ -891,12 +892,18 @@ class AmqpConnection:
             del buffer, message
             txn = self._transaction_of(dlv)
             if txn is not None:
-                # A transactional post: validated and routed now, written at discharge.
-                self._release_inbound(size)
+                # A transactional post: validated and routed now, written at discharge. Its bytes
+                # (and the cost of keeping it) stay charged to bounds.*_inbound_bytes until then:
+                # over them it is rejected like a partial message.
+                if (reason := self.inbound.reserve(TX_MESSAGE_OVERHEAD)) is not None:
+                    raise Refused("amqp:resource-limit-exceeded", f"transaction {txn.id!r} holds {txn.held} "
+                                  f"bytes uncommitted; {reason}")
                 try:
                     txn.tx.publish(topic, payload, headers)
                 except FluxError as exc:
+                    self._release_inbound(TX_MESSAGE_OVERHEAD)
                     raise Refused(_condition(exc).name, str(exc)) from None
+                txn.held += size + TX_MESSAGE_OVERHEAD
                 dlv.local.data = [txn.id, Described(ulong(0x24), [])]
                 dlv.update(TRANSACTIONAL_STATE)
                 txn.posts.append(dlv)
@@ -1060,6 +1067,8 @@ class AmqpConnection:
             except Exception as exc:  # noqa: BLE001 - nothing was applied; tell the client
                 log.exception("amqp10 %s: commit of transaction %r failed", self.peer, txn.id)
                 error = exc
+        self._release_inbound(txn.held)    # stored, or dropped with the rollback
+        txn.held = 0
         if self._closed:
             return
         for post in txn.posts:

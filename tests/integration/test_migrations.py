@@ -220,7 +220,7 @@ def test_wheel_ships_sql_and_migrations_and_migrates_from_them(server_dsn, tmp_p
         assert "fluxpg/_data/sql/schema.sql" in names
         assert "fluxpg/_data/migrations/env.py" in names
         assert any(n.startswith("fluxpg/_data/migrations/versions/") and n.endswith(".py") for n in names)
-        assert "fluxpg/cli.py" in names
+        assert "fluxpg/cli/__init__.py" in names and "fluxpg/cli/__main__.py" in names
         # The console is served from the wheel as is (no build step on the user's machine).
         for page in ("templates/base.html", "templates/queue.html", "static/console.js", "static/console.css"):
             assert f"fluxpg/console/{page}" in names, page

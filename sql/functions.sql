@@ -1301,7 +1301,8 @@ BEGIN
 END $$;
 
 CREATE OR REPLACE FUNCTION fluxpg._take_pending(q fluxpg.queues, g fluxpg.groups, consumer text, n int,
-                                                mode text, min_idle interval DEFAULT NULL, after bigint DEFAULT NULL)
+                                                mode text, min_idle interval DEFAULT NULL, after bigint DEFAULT NULL,
+                                                sel jsonpath DEFAULT NULL)
 RETURNS SETOF fluxpg.delivery LANGUAGE plpgsql AS $$
 DECLARE
   r record;
@@ -1323,6 +1324,7 @@ BEGIN
        AND CASE mode WHEN 'due' THEN p.visible_at <= now()
                      WHEN 'idle' THEN p.delivered_at <= now() - min_idle
                      ELSE p.consumer = _take_pending.consumer AND (after IS NULL OR p.seq > after) END
+       AND (sel IS NULL OR (coalesce(l.headers, '{}') @@ sel) IS TRUE)
      ORDER BY CASE WHEN mode = 'due' THEN p.visible_at END, p.seq
      LIMIT n
        FOR UPDATE OF p SKIP LOCKED
@@ -1355,7 +1357,59 @@ BEGIN
    ORDER BY upd.seq;
 END $$;
 
-CREATE OR REPLACE FUNCTION fluxpg.claim(queue text, grp text, consumer text, n int DEFAULT 1)
+-- A consumer with a selector (a jsonpath predicate over headers: fluxpg/selectors.py compiles
+-- JMS selectors to it) takes only the messages it selects. New messages it passes over become
+-- pending entries of no consumer (consumer '', delivery count 0), due at once: the group's other
+-- consumers take them first on their next claim, in offset order (a NOTIFY wakes them). The
+-- cursor moves past both, so a selector never stalls the group, and each message still goes to
+-- one consumer of the group. Work per claim is bounded (SELECTED_SCAN rows looked at).
+CREATE OR REPLACE FUNCTION fluxpg._claim_selected(q fluxpg.queues, g fluxpg.groups, consumer text, cur bigint,
+                                                  window_end bigint, take int, sel jsonpath, vt interval,
+                                                  skip_redriven boolean)
+RETURNS SETOF fluxpg.delivery LANGUAGE plpgsql AS $$
+DECLARE
+  r record;
+  hit_s bigint[] := '{}';
+  left_s bigint[] := '{}';
+  last bigint;
+  scanned int := 0;
+  scan_limit int := greatest(take * 16, 1000);
+BEGIN
+  FOR r IN SELECT l.seq, (coalesce(l.headers, '{}') @@ sel) IS TRUE AS hit
+             FROM fluxpg.log l
+            WHERE l.queue_id = q.id AND l.partition = 0 AND l.seq >= cur AND l.seq < window_end
+              AND (l.expires_at IS NULL OR l.expires_at > now())
+              AND (g.filter_regex IS NULL OR fluxpg.routing_key(l.topic) ~ g.filter_regex)
+              AND (NOT skip_redriven OR NOT fluxpg._is_redriven(q.id, 0, l.seq))
+            ORDER BY l.seq
+            LIMIT scan_limit
+  LOOP
+    scanned := scanned + 1;
+    last := r.seq;
+    IF r.hit THEN hit_s := hit_s || r.seq; ELSE left_s := left_s || r.seq; END IF;
+    EXIT WHEN cardinality(hit_s) >= take;
+  END LOOP;
+  UPDATE fluxpg.cursors c
+     SET cursor = CASE WHEN cardinality(hit_s) >= take OR scanned >= scan_limit THEN last + 1 ELSE window_end END
+   WHERE c.group_id = g.id AND c.partition = 0;
+  IF cardinality(left_s) > 0 THEN
+    INSERT INTO fluxpg.pending (group_id, partition, seq, consumer, delivered_at, delivery_count, visible_at)
+    SELECT g.id, 0, x, '', now(), 0, now() FROM unnest(left_s) x;
+    PERFORM pg_notify('fluxpg_log', q.id::text);
+  END IF;
+  IF cardinality(hit_s) = 0 THEN RETURN; END IF;
+  INSERT INTO fluxpg.pending (group_id, partition, seq, consumer, delivered_at, delivery_count, visible_at)
+  SELECT g.id, 0, x, consumer, now(), 1, now() + vt FROM unnest(hit_s) x;
+  RETURN QUERY
+  SELECT q.name, g.name, 0, l.seq, l.topic, l.payload, l.headers, l.created_at, 1, q.name || ':' || l.seq
+    FROM fluxpg.log l
+   WHERE l.queue_id = q.id AND l.partition = 0
+     AND l.seq BETWEEN fluxpg._lo(hit_s) AND fluxpg._hi(hit_s) AND l.seq = ANY (hit_s)
+   ORDER BY l.seq;
+END $$;
+
+CREATE OR REPLACE FUNCTION fluxpg.claim(queue text, grp text, consumer text, n int DEFAULT 1,
+                                        selector jsonpath DEFAULT NULL)
 RETURNS SETOF fluxpg.delivery LANGUAGE plpgsql AS $$
 DECLARE
   q fluxpg.queues := fluxpg._queue(queue, 'classic', 'claim');
@@ -1374,7 +1428,7 @@ BEGIN
   -- Redeliveries first (visibility timeout or nack backoff passed), to any consumer. The
   -- EXISTS probe spares the call when nothing is due (the common case).
   IF EXISTS (SELECT 1 FROM fluxpg.pending p WHERE p.group_id = g.id AND p.visible_at <= now()) THEN
-    RETURN QUERY SELECT * FROM fluxpg._take_pending(q, g, consumer, n, 'due');
+    RETURN QUERY SELECT * FROM fluxpg._take_pending(q, g, consumer, n, 'due', NULL, NULL, selector);
     GET DIAGNOSTICS got = ROW_COUNT;
   END IF;
   IF got >= n THEN
@@ -1389,6 +1443,10 @@ BEGIN
   vt := fluxpg._interval(q.settings #>> '{delivery,visibility_timeout}');
   -- A dead-letter queue some of whose messages were redriven: those left it (fluxpg.redrive).
   skip_redriven := fluxpg._has_redriven(q.id);
+  IF selector IS NOT NULL THEN
+    RETURN QUERY SELECT * FROM fluxpg._claim_selected(q, g, consumer, w.cur, w.window_end, w.take, selector, vt,
+                                                      skip_redriven);
+  ELSE
   -- The scan is written out here (and in read) rather than in a shared set-returning function:
   -- nesting one copies every row once more (measured: a quarter of a 500-message claim).
   RETURN QUERY
@@ -1411,6 +1469,7 @@ BEGIN
   )
   SELECT q.name, g.name, 0, el.seq, el.topic, el.payload, el.headers, el.created_at, 1, q.name || ':' || el.seq
     FROM el ORDER BY el.seq;
+  END IF;
   IF coalesce((q.settings #>> '{dlq,expired}')::boolean, false) THEN
     -- dlq.expired (AMQP x-dead-letter-exchange): what the scan passed over because it expired is
     -- dead-lettered, not skipped silently (RabbitMQ: expired messages reaching the head).
@@ -1425,7 +1484,7 @@ BEGIN
   END IF;
   PERFORM fluxpg._touch_member(g.id, consumer);
 END $$;
-COMMENT ON FUNCTION fluxpg.claim(text, text, text, int) IS 'Classic queues: up to n messages for a consumer, redeliveries first, then new ones from the group cursor';
+COMMENT ON FUNCTION fluxpg.claim(text, text, text, int, jsonpath) IS 'Classic queues: up to n messages for a consumer, redeliveries first, then new ones from the group cursor; with a selector (jsonpath over headers) only the messages it selects, the others left due for the group''s other consumers';
 
 CREATE OR REPLACE FUNCTION fluxpg.reclaim(queue text, grp text, consumer text, n int DEFAULT 100,
                                           after bigint DEFAULT NULL)

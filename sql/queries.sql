@@ -47,7 +47,7 @@ SELECT fluxpg.sequence_staged($1) FROM set_config('synchronous_commit', 'off', t
 
 -- name: claim
 SELECT queue, grp, partition, seq, topic, payload, headers, created_at, delivery_count
-  FROM fluxpg.claim($1, $2, $3, $4);
+  FROM fluxpg.claim($1, $2, $3, $4, $5::jsonpath);
 
 -- name: read
 SELECT queue, grp, partition, seq, topic, payload, headers, created_at, delivery_count

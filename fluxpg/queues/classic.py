@@ -23,9 +23,11 @@ def to_delivery(rec: Any, kind: str) -> Delivery:
     )
 
 
-async def claim(pool: asyncpg.Pool, queue: str, group: str, consumer: str, n: int) -> list[Delivery]:
-    """Redeliveries first, then new messages from the group cursor (DESIGN §2)."""
-    return [to_delivery(r, "classic") for r in await db.fetch(pool, "claim", queue, group, consumer, n)]
+async def claim(pool: asyncpg.Pool, queue: str, group: str, consumer: str, n: int,
+                selector: str | None = None) -> list[Delivery]:
+    """Redeliveries first, then new messages from the group cursor (DESIGN §2); with a selector
+    (jsonpath, fluxpg.selectors) only the messages it selects."""
+    return [to_delivery(r, "classic") for r in await db.fetch(pool, "claim", queue, group, consumer, n, selector)]
 
 
 async def reclaim(pool: asyncpg.Pool, queue: str, group: str, consumer: str, n: int = 100,

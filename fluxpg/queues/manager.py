@@ -40,6 +40,7 @@ from fluxpg.config import Config, QueueConfig, QueueManagerConfig
 from fluxpg.queues import classic, stream, transient
 from fluxpg.queues.appender import Appender, AppendRow
 from fluxpg.queues.sequencer import Sequencer
+from fluxpg.selectors import selector_jsonpath
 from fluxpg.delivery import Delivery
 from fluxpg.errors import (FluxError, InvalidArgument, PayloadTooLarge, PreconditionFailed, Unavailable,
                            UnknownQueue, WrongQueueKind)
@@ -99,8 +100,10 @@ class Subscription:
     def __init__(self, manager: QueueManager, queue: str, kind: str, group: str, consumer: str,
                  topic_filter: str | None, on_delivery: DeliveryCallback, credit: int | None,
                  on_error: ErrorCallback | None = None, queue_id: int | None = None,
-                 auto_commit: bool = True, partitions: int = 1, handed_by_caller: bool = False):
+                 auto_commit: bool = True, partitions: int = 1, handed_by_caller: bool = False,
+                 selector: str | None = None):
         self.manager = manager
+        self.selector = selector      # jsonpath (fluxpg.selectors) or None
         self.queue = queue
         self.kind = kind
         self.group = group            # internal name: group or group@filter
@@ -166,7 +169,7 @@ class Subscription:
     async def _fetch(self, n: int) -> list[Delivery]:
         pool = self.manager.pool
         if self.kind == "classic":
-            return await classic.claim(pool, self.queue, self.group, self.consumer, n)
+            return await classic.claim(pool, self.queue, self.group, self.consumer, n, self.selector)
         return await stream.read(pool, self.queue, self.group, self.consumer, n)
 
     async def _deliver(self, deliveries: list[Delivery]) -> None:
@@ -705,11 +708,13 @@ class QueueManager:
     async def subscribe(self, queue: str, group: str, consumer: str, *, on_delivery: DeliveryCallback,
                         filter: str | None = None, position: object = None, auto_commit: bool | None = None,
                         credit: int | None = 100, on_error: ErrorCallback | None = None,
-                        handed_by_caller: bool = False) -> Subscription:
+                        handed_by_caller: bool = False, selector: str | None = None) -> Subscription:
         """Join `group` of `queue` as `consumer`; deliveries go to on_delivery in offset order.
 
         position (streams): first | last | next | <offset> | offset=N | timestamp=N; None resumes
         from the group's checkpoint (a new group starts at the oldest retained message).
+        selector (classic queues): a JMS message selector; this consumer gets only the messages
+        it selects, the group's other consumers the rest (fluxpg.selectors).
         """
         if not consumer:
             raise InvalidArgument("consumer name must not be empty")
@@ -731,6 +736,12 @@ class QueueManager:
             info = await self.ensure_queue(queue)
         if info.kind == "classic" and position not in (None, ""):
             raise WrongQueueKind(f"queue {queue!r} is a classic queue; a stream offset needs a stream queue")
+        jsonpath = None
+        if selector is not None:
+            if info.kind != "classic":
+                raise WrongQueueKind(f"queue {queue!r} is a stream; message selectors apply to classic queues "
+                                     "(a stream consumer can filter by topic)")
+            jsonpath = selector_jsonpath(selector)
         pos = stream.normalize_position(position) if info.kind == "stream" else None
         effective_auto = await db.fetchval(self.pool, "ensure_group", queue, internal)
         if info.kind == "stream":
@@ -747,7 +758,7 @@ class QueueManager:
                 await stream.seek(self.pool, queue, internal, "resume")
         sub = Subscription(self, queue, info.kind, internal, consumer, filter, on_delivery, credit, on_error,
                            queue_id=info.id, auto_commit=effective_auto, partitions=info.partitions,
-                           handed_by_caller=handed_by_caller)
+                           handed_by_caller=handed_by_caller, selector=jsonpath)
         self.subscriptions.add(sub)
         sub.start()
         return sub

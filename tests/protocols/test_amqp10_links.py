@@ -622,3 +622,43 @@ def test_transactional_posts_are_charged_to_the_inbound_bound_until_discharge(th
     assert len(log_rows(srv, qname)) == 10
     found = srv.server.ctx.state.get(bounds.STATE_KEY)
     assert found is not None and found.used == 0
+
+def test_a_selector_receiver_gets_what_it_selects_and_leaves_the_rest(threaded_broker, qname):
+    """proton's selected_recv example: a receiver with a JMS selector gets the green messages in
+    order; a plain receiver on the same queue afterwards gets the red ones, in order; the attach
+    echoes the selector it applies. A malformed selector is refused with amqp:invalid-field."""
+    from proton.reactor import Selector
+    from proton.utils import LinkDetached
+
+    srv = threaded_broker([QueueConfig(name=qname)])
+    conn = connect(srv)
+    try:
+        snd = conn.create_sender(qname)
+        for i in range(20):
+            colour = "green" if i % 2 == 0 else "red"
+            snd.send(Message(body=f"{colour} {i + 1}", properties={"colour": colour}))
+        picky = conn.create_receiver(qname, name="picky", options=Selector("colour = 'green'"), credit=5)
+        echoed = picky.link.remote_source.filter
+        echoed.rewind()
+        echoed.next()
+        assert "selector" in {str(k) for k in echoed.get_object()}
+        greens = []
+        for _ in range(10):
+            greens.append(picky.receive(timeout=10).body)
+            picky.accept()
+        assert greens == [f"green {i + 1}" for i in range(0, 20, 2)]
+        with pytest.raises(Timeout):
+            picky.receive(timeout=0.5)
+        picky.close()
+        plain = conn.create_receiver(qname, name="plain", credit=5)
+        reds = []
+        for _ in range(10):
+            reds.append(plain.receive(timeout=10).body)
+            plain.accept()
+        assert reds == [f"red {i + 1}" for i in range(1, 20, 2)]
+        with pytest.raises(LinkDetached) as err:
+            conn.create_receiver(qname, name="bad", options=Selector("colour = "))
+        assert err.value.link.remote_condition.name == "amqp:invalid-field"
+        assert "selector" in err.value.link.remote_condition.description
+    finally:
+        conn.close()

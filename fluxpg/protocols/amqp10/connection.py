@@ -60,6 +60,7 @@ from fluxpg.delivery import Delivery
 from fluxpg.protocols.errors import ERRORS, reply_for
 from fluxpg.protocols.settle import Settler
 from fluxpg.errors import FluxError, InvalidArgument, UnknownQueue
+from fluxpg.selectors import selector_jsonpath
 from fluxpg.topics import (DLQ_PREFIX, QUEUE_PREFIX, is_queue_topic, parse_queue_topic,
                            split_queue_subscription, validate_queue_name, validate_topic_filter,
                            validate_topic_name)
@@ -93,6 +94,8 @@ DEFAULT_MAX_MESSAGE_SIZE = LimitsConfig().max_message_size
 ERROR_CONDITIONS = {code: reply.amqp10 for code, reply in ERRORS.items()}  # fluxpg/protocols/errors.py
 
 TOPIC_FILTER_KEYS = {"topic", "topic-filter", "x-topic-filter", "subject-filter"}
+# The AMQP filter registry's JMS selector: its symbolic and its numeric descriptor.
+SELECTOR_FILTER_DESCRIPTORS = {"apache.org:selector-filter:string", str(0x0000468C00000004)}
 TOPIC_FILTER_DESCRIPTORS = {"apache.org:legacy-amqp-topic-binding:string",
                             "apache.org:legacy-amqp-direct-binding:string"}
 
@@ -607,6 +610,13 @@ class AmqpConnection:
                 raise Refused("amqp:invalid-field", f"source filter: {exc}") from None
             topic_filter = source_filter
             applied_filters[filter_key] = filter_value
+        selector, selector_key, selector_value = _selector_filter(remote)
+        if selector is not None:
+            try:
+                selector_jsonpath(selector)
+            except InvalidArgument as exc:
+                raise Refused("amqp:invalid-field", str(exc)) from None
+            applied_filters[selector_key] = selector_value
         props = _properties(link.remote_properties)
         conn = link.connection
         # Receivers that name no group share the queue's default group (the queue name, as
@@ -632,7 +642,7 @@ class AmqpConnection:
             sub = await self.manager.subscribe(
                 queue, str(group), consumer_name, on_delivery=lambda d: self._deliver(consumer, d),
                 filter=topic_filter, position=position, auto_commit=auto_commit, credit=0,
-                on_error=lambda exc: self._on_subscription_error(consumer, exc))
+                on_error=lambda exc: self._on_subscription_error(consumer, exc), selector=selector)
         except ValueError as exc:  # a malformed cursor (stream.normalize_position)
             raise Refused("amqp:invalid-field", f"cursor: {exc}") from None
         consumer.sub = sub
@@ -1126,20 +1136,21 @@ def _properties(remote) -> dict[str, Any]:
     return out
 
 
-def _topic_filter(terminus) -> tuple[str | None, Any, Any]:
-    """A topic filter given as a source filter → (filter, its key, its value as sent)."""
+def _source_filters(terminus) -> list[tuple[Any, Any, str | None, str]]:
+    """The string-valued filters of a source: (key, value as sent, descriptor, string)."""
     data: Data = terminus.filter
     if data is None:
-        return None, None, None
+        return []
     data.rewind()
     if not data.next():
-        return None, None, None
+        return []
     try:
         filters = data.get_object()
     except Exception:  # noqa: BLE001
         raise Refused("amqp:decode-error", "malformed source filter") from None
     if not isinstance(filters, dict):
-        return None, None, None
+        return []
+    out = []
     for key, value in filters.items():
         inner = value
         descriptor = None
@@ -1147,8 +1158,23 @@ def _topic_filter(terminus) -> tuple[str | None, Any, Any]:
             descriptor, inner = str(value.descriptor), value.value
         if isinstance(inner, (bytes, bytearray, memoryview)):
             inner = bytes(inner).decode("utf-8", "replace")
-        if not isinstance(inner, str):
-            continue
+        if isinstance(inner, str):
+            out.append((key, value, descriptor, inner))
+    return out
+
+
+def _topic_filter(terminus) -> tuple[str | None, Any, Any]:
+    """A topic filter given as a source filter → (filter, its key, its value as sent)."""
+    for key, value, descriptor, text in _source_filters(terminus):
         if str(key) in TOPIC_FILTER_KEYS or descriptor in TOPIC_FILTER_DESCRIPTORS:
-            return inner, key, value
+            return text, key, value
+    return None, None, None
+
+
+def _selector_filter(terminus) -> tuple[str | None, Any, Any]:
+    """A JMS selector given as a source filter (`apache.org:selector-filter:string`, the
+    registered filter proton's Selector and Qpid JMS send) → (selector, its key, its value)."""
+    for key, value, descriptor, text in _source_filters(terminus):
+        if descriptor in SELECTOR_FILTER_DESCRIPTORS or (descriptor is None and str(key) == "jms-selector"):
+            return text, key, value
     return None, None, None

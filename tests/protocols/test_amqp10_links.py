@@ -662,3 +662,17 @@ def test_a_selector_receiver_gets_what_it_selects_and_leaves_the_rest(threaded_b
         assert "selector" in err.value.link.remote_condition.description
     finally:
         conn.close()
+
+
+def test_a_selector_on_a_stream_is_refused(threaded_broker, qname):
+    from proton.reactor import Selector
+    from proton.utils import LinkDetached
+
+    srv = threaded_broker([QueueConfig(name=qname, type="stream")])
+    conn = connect(srv)
+    try:
+        with pytest.raises(LinkDetached) as err:
+            conn.create_receiver(qname, name="sel", options=Selector("colour = 'green'"))
+        assert "selectors apply to classic queues" in err.value.link.remote_condition.description
+    finally:
+        conn.close()

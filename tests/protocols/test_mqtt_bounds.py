@@ -249,3 +249,36 @@ def test_publishes_awaiting_their_commit_are_bounded_by_bytes(threaded_broker, d
     assert [r["depth"] for r in srv.call(srv.manager.queue_stats()) if r["queue"] == qname] == [count]
     assert wait_until(lambda: _metric(http, "fluxpg_inbound_bytes") == 0)
     assert _metric(http, "fluxpg_inbound_bytes_peak") <= bound + 65536 + size + 100
+
+
+def test_a_publisher_paused_at_the_inbound_bound_can_be_taken_over(threaded_broker, dsn, qname, caplog):
+    """A connection whose reading is paused at the bound (its commits held up) still ends at once
+    when another connection takes its session over: the pause does not wait for a commit."""
+    import logging
+    import socket
+
+    import psycopg
+
+    from fluxpg.config import BoundsConfig
+    from fluxpg.protocols.mqtt.codec import Connack, Connect, Decoder, Publish, encode
+
+    srv = threaded_broker(config=Config(queues=[QueueConfig(name=qname)],
+                                        bounds=BoundsConfig(connection_inbound_bytes=300_000)))
+    stream = b"".join(encode(Publish(f"$queue/{qname}/x", b"p" * 100_000, 1, packet_id=i + 1), 5) for i in range(40))
+    caplog.set_level(logging.INFO, logger="fluxpg.mqtt")
+    with psycopg.connect(dsn) as lock, \
+            socket.create_connection(("127.0.0.1", srv.port("mqtt")), timeout=10) as a, \
+            socket.create_connection(("127.0.0.1", srv.port("mqtt")), timeout=10) as b:
+        lock.execute("SELECT 1 FROM fluxpg.heads h JOIN fluxpg.queues q ON q.id = h.queue_id "
+                     "WHERE q.name = %s FOR UPDATE", [qname])
+        a.sendall(encode(Connect(client_id="same", keep_alive=60), 5))
+        assert a.recv(100)[:1] == b"\x20"
+        _send_until_stalled(a, stream)
+        assert wait_until(lambda: _metric(srv.port("http"), "fluxpg_inbound_bytes") >= 300_000)
+        b.sendall(encode(Connect(client_id="same", keep_alive=60), 5))
+        dec = Decoder(version=5)
+        while not (packets := list(dec)):
+            dec.feed(b.recv(100))
+        assert isinstance(packets[0], Connack) and packets[0].reason_code == 0
+        lock.rollback()
+    assert "did not close in time" not in caplog.text

@@ -638,6 +638,7 @@ class Connection:
             except Exception:  # noqa: BLE001
                 pass
         self.closing = True
+        self._inbound_freed.set()   # a read loop paused at the inbound bound ends now, not at a commit
         sent = reason is not None and self.v5 and self.session is not None
         if sent and getattr(self.transport, "can_write_eof", lambda: False)():
             # Lingering close: half-close after the DISCONNECT and keep reading (and discarding)

@@ -62,6 +62,12 @@ def summarize(result: dict) -> list[dict]:
         # per-round ratios are the interleaved comparison, so that is the one reported.
         row["cpu_ratio"] = median([a.us_per_msg() / b.us_per_msg() for a, b in zip(fl, pl) if b.us_per_msg()])
         row["rate_ratio"] = median([a.rate / b.rate for a, b in zip(fl, pl) if b.rate])
+        bl = [s[fkey] for s in samples.get("fluxpg-before", []) if fkey in s]
+        if bl:
+            row["before_us"] = median([s.us_per_msg() for s in bl])
+            row["before_parts"] = {g: median([s.us_per_msg(g) for s in bl]) for g in groups}
+            row["before_cpu_ratio"] = median([a.us_per_msg() / b.us_per_msg() for a, b in zip(bl, pl) if b.us_per_msg()])
+            row["before_rate_ratio"] = median([a.rate / b.rate for a, b in zip(bl, pl) if b.rate])
         rows.append(row)
     return rows
 
@@ -77,6 +83,18 @@ def report(result: dict, rows: list[dict]) -> str:
         lines.append(f"| {r['row']} | {fmt(r['fluxpg_us'])} ({parts}) | {fmt(r['peer_us'])} | "
                      f"{fmt(r['cpu_ratio'], 2)} × | {fmt(r['fluxpg_rate'])} | {fmt(r['peer_rate'])} | "
                      f"{fmt(r['rate_ratio'], 2)} | {fmt(r['fluxpg_p50'], 2)} / {fmt(r['peer_p50'], 2)} |")
+    if any("before_us" in r for r in rows):
+        lines += ["", "Before (--compare-with) and after, same rounds:", "",
+                  f"| path | before µs/msg (broker + PG) | after µs/msg (broker + PG) | CPU ratio to {peer} before → after "
+                  "| throughput ratio before → after |", "| --- | ---: | ---: | ---: | ---: |"]
+        for r in rows:
+            if "before_us" not in r:
+                continue
+            bparts = " + ".join(fmt(v) for v in r["before_parts"].values())
+            parts = " + ".join(fmt(v) for v in r["fluxpg_parts"].values())
+            lines.append(f"| {r['row']} | {fmt(r['before_us'])} ({bparts}) | {fmt(r['fluxpg_us'])} ({parts}) | "
+                         f"{fmt(r['before_cpu_ratio'], 2)} → {fmt(r['cpu_ratio'], 2)} | "
+                         f"{fmt(r['before_rate_ratio'], 2)} → {fmt(r['rate_ratio'], 2)} |")
     return "\n".join(lines)
 
 
@@ -96,6 +114,9 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=4, help="sql: concurrent producers / consumers")
     ap.add_argument("--pgmq-sql", default=os.environ.get("PGMQ_SQL"),
                     help="sql: pgmq's plain-SQL install file (pgmq-extension/sql/pgmq.sql); without it pgmq rows are skipped")
+    ap.add_argument("--compare-with", metavar="CHECKOUT",
+                    help="amqp091/mqtt: also run the fluxpg of another checkout (e.g. `git worktree add /tmp/before "
+                    "<commit>`), interleaved in the same rounds: before/after on one machine state")
     ap.add_argument("--json", help="also write the summary rows to this file")
     args = ap.parse_args()
     if args.messages is None:

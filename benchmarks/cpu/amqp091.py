@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from pathlib import Path
 
 import aio_pika
 import pika
@@ -172,5 +173,11 @@ def sides(args, stack):
     dsn = stack.enter_context(fresh_database(args.dsn))
     broker = Broker(dsn, args.dsn, "queue_manager: {max_pending_per_group: 1000000}\n", ["amqp091"])
     stack.callback(broker.close)
-    return {"fluxpg": (f"amqp://guest:guest@127.0.0.1:{broker.ports['amqp091']}/", broker.meter()),
-            PEER: (args.rabbitmq, peer_meter("beam.smp"))}
+    out = {"fluxpg": (f"amqp://guest:guest@127.0.0.1:{broker.ports['amqp091']}/", broker.meter()),
+           PEER: (args.rabbitmq, peer_meter("beam.smp"))}
+    if args.compare_with:
+        before = Broker(stack.enter_context(fresh_database(args.dsn)), args.dsn,
+                        "queue_manager: {max_pending_per_group: 1000000}\n", ["amqp091"], repo=Path(args.compare_with))
+        stack.callback(before.close)
+        out["fluxpg-before"] = (f"amqp://guest:guest@127.0.0.1:{before.ports['amqp091']}/", before.meter())
+    return out

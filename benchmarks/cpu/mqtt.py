@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from pathlib import Path
 
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
@@ -89,7 +90,7 @@ def queue(host: str, port: int, n: int, meter: Meter, inflight: int = 100) -> Sa
 def one_round(side: str, target: tuple[str, int], meter: Meter, args) -> dict[str, Sample]:
     host, port = target
     out = {}
-    if side == "fluxpg":
+    if side.startswith("fluxpg"):
         out["queue"] = queue(host, port, args.messages, meter)
     out["pubsub"] = pubsub(host, port, args.messages, meter)
     return out
@@ -103,5 +104,11 @@ def sides(args, stack):
     broker = Broker(dsn, args.dsn, "queue_manager: {max_pending_per_group: 1000000}\n", ["mqtt"])
     stack.callback(broker.close)
     mhost, mport = args.mosquitto.rsplit(":", 1)
-    return {"fluxpg": (("127.0.0.1", broker.ports["mqtt"]), broker.meter()),
-            PEER: ((mhost, int(mport)), peer_meter("mosquitto"))}
+    out = {"fluxpg": (("127.0.0.1", broker.ports["mqtt"]), broker.meter()),
+           PEER: ((mhost, int(mport)), peer_meter("mosquitto"))}
+    if args.compare_with:
+        before = Broker(stack.enter_context(fresh_database(args.dsn)), args.dsn,
+                        "queue_manager: {max_pending_per_group: 1000000}\n", ["mqtt"], repo=Path(args.compare_with))
+        stack.callback(before.close)
+        out["fluxpg-before"] = (("127.0.0.1", before.ports["mqtt"]), before.meter())
+    return out

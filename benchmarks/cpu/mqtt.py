@@ -8,6 +8,7 @@ the last delivery plus 0.3 s (so the last acks are processed inside it), on both
 """
 from __future__ import annotations
 
+import sys
 import threading
 import time
 import uuid
@@ -41,14 +42,21 @@ def _measure(host: str, port: int, topic: str, run: Run, meter: Meter, inflight:
     try:
         meter.begin()
         _publish_all(pub, topic, run)
-        if not run.done.wait(120):
-            raise RuntimeError(f"only {len(run.latencies)} of {run.n} messages arrived")
+        # A broker may drop QoS 1 messages for a subscriber that falls behind (Mosquitto's
+        # max_queued_messages, 1,000 by default, on this loaded machine): wait until all arrived
+        # or none came for 2 s, and count what arrived.
+        seen = -1
+        while not run.done.wait(2.0) and len(run.latencies) != seen:
+            seen = len(run.latencies)
         time.sleep(SETTLE)
         cpu = meter.end()
     finally:
         pub.disconnect()
         pub.loop_stop()
-    return Sample(run.n, run.last_received - run.first_sent, cpu, run.latencies)
+    got = len(run.latencies)
+    if got < run.n:
+        print(f"  {run.n - got} of {run.n} messages were not delivered (dropped by the broker)", file=sys.stderr)
+    return Sample(got, run.last_received - run.first_sent, cpu, run.latencies)
 
 
 def pubsub(host: str, port: int, n: int, meter: Meter, inflight: int = 100) -> Sample:

@@ -58,6 +58,9 @@ ROUTING_KEY_KEY = "x-amqp-routing-key"
 _PROPERTY_KEYS = frozenset(_SHARED.values()) | frozenset(_RESERVED.values()) | {EXCHANGE_KEY, ROUTING_KEY_KEY}
 # Other names another front-end may have used for the same thing.
 _ALIASES = {"reply_to": ("reply-to",), "correlation_id": ("correlation-id",)}
+_SHARED_LOOKUP = frozenset(_SHARED.values()) | frozenset(a for names in _ALIASES.values() for a in names)
+_RESERVED_LOOKUP = frozenset(_RESERVED.values())
+_RESERVED_ATTR = {key: attr for attr, key in _RESERVED.items()}
 
 
 def json_safe(value: Any) -> Any:
@@ -161,17 +164,21 @@ def delivery_properties(delivery: Delivery) -> tuple[Properties, str, str]:
     """(basic properties, exchange, routing key) for delivering a stored message."""
     stored = delivery.headers or {}
     kwargs: dict[str, Any] = {}
-    for attr, key in _SHARED.items():
-        value = stored.get(key)
-        if value is None:
-            for alias in _ALIASES.get(attr, ()):
-                if stored.get(alias) is not None:
-                    value = stored[alias]
-                    break
-        if value is not None:
-            kwargs[attr] = _shortstr(value)
-    for attr, key in _RESERVED.items():
-        value = stored.get(key)
+    # Per delivery: look up only the property keys the message has (most have one or two of the
+    # ~14), not every key and alias (34 dict lookups a delivery before).
+    if not _SHARED_LOOKUP.isdisjoint(stored):
+        for attr, key in _SHARED.items():
+            value = stored.get(key)
+            if value is None:
+                for alias in _ALIASES.get(attr, ()):
+                    if stored.get(alias) is not None:
+                        value = stored[alias]
+                        break
+            if value is not None:
+                kwargs[attr] = _shortstr(value)
+    for key in _RESERVED_LOOKUP.intersection(stored):   # each attribute on its own: order does not matter
+        attr = _RESERVED_ATTR[key]
+        value = stored[key]
         if value is None:
             continue
         if attr == "timestamp":

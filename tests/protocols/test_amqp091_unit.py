@@ -199,3 +199,20 @@ def test_properties_round_trip_through_stored_headers():
     assert out2.content_type == "text/plain" and out2.reply_to == "r/1" and out2.message_id == "orders:1"
     assert (ex2, rk2) == ("", "$queue/orders/eu")
     framing.content_frames(1, out2, b"", 4096)   # encodable
+
+
+@pytest.mark.parametrize("stamp", [253402300800, "253402300800", 2 ** 62, -1])
+def test_out_of_range_stored_timestamp_is_left_out(stamp):
+    # Found by comparing delivery_properties before/after a change with hypothesis: a stored
+    # x-amqp-timestamp past year 9999 raised ValueError, so the message could not be delivered.
+    d = Delivery("q", "g", 0, 5, "$queue/q", b"p", {"x-amqp-timestamp": stamp},
+                 dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc), 1)
+    props, _exchange, _rk = delivery_properties(d)
+    assert props.timestamp is None
+
+
+def test_largest_stored_timestamp_is_delivered():
+    d = Delivery("q", "g", 0, 5, "$queue/q", b"p", {"x-amqp-timestamp": 253402300799},
+                 dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc), 1)
+    props, _exchange, _rk = delivery_properties(d)
+    assert props.timestamp == dt.datetime(9999, 12, 31, 23, 59, 59, tzinfo=dt.timezone.utc)

@@ -61,6 +61,7 @@ _ALIASES = {"reply_to": ("reply-to",), "correlation_id": ("correlation-id",)}
 _SHARED_LOOKUP = frozenset(_SHARED.values()) | frozenset(a for names in _ALIASES.values() for a in names)
 _RESERVED_LOOKUP = frozenset(_RESERVED.values())
 _RESERVED_ATTR = {key: attr for attr, key in _RESERVED.items()}
+_MAX_TIMESTAMP = 253402300799   # 9999-12-31T23:59:59Z
 
 
 def json_safe(value: Any) -> Any:
@@ -182,7 +183,10 @@ def delivery_properties(delivery: Delivery) -> tuple[Properties, str, str]:
         if value is None:
             continue
         if attr == "timestamp":
-            n = _int(value, 0, 2 ** 63 - 1)
+            # Up to 9999-12-31 (datetime's range): a larger stored value (another protocol's
+            # header, a bad SQL insert) is left out like any other invalid value instead of
+            # raising, which made the message undeliverable over AMQP 0-9-1.
+            n = _int(value, 0, _MAX_TIMESTAMP)
             if n is not None:
                 kwargs[attr] = _dt.datetime.fromtimestamp(n, _dt.timezone.utc)
         elif attr == "delivery_mode":

@@ -23,12 +23,18 @@ from fluxpg import db
 
 log = logging.getLogger("fluxpg.mqtt.store")
 
-_FILE = "mqtt_session_queries.sql"
+_FILES = ("mqtt_session_queries.sql", "mqtt_offline_queries.sql")
 MAX_BATCH = 2000
+OFFLINE_PAGE = 1000
+COMPACT_RANGES = 500      # cursor ranges moved past unmatched rows per housekeeping round
 
 
 def _q(name: str) -> str:
-    return db.queries(_FILE)[name]
+    for file in _FILES:
+        sql = db.queries(file).get(name)
+        if sql is not None:
+            return sql
+    raise KeyError(name)
 
 
 class MqttSessionStore:
@@ -171,6 +177,39 @@ class MqttSessionStore:
                 inbound = await conn.fetch(_q("session_inbound"), client_id)
         return {"session": dict(row), "subscriptions": [dict(r) for r in subs],
                 "messages": [dict(r) for r in msgs], "inbound": [r["packet_id"] for r in inbound]}
+
+
+    # --- the shared offline log (sql/mqtt_offline_queries.sql) ----------------------------------
+
+    async def offline_head(self) -> int:
+        """The last seq of this node's offline stream (0 for a new node)."""
+        return await self.pool.fetchval(_q("offline_head"), self.node_id)
+
+    async def offline_cursors(self, client_id: str) -> list[Any]:
+        """The ranges of node streams a session reads, oldest first (after everything submitted
+        so far is applied: the appends and the cursor closes of this node are in)."""
+        await self.flush()
+        return await self.pool.fetch(_q("session_cursors"), client_id)
+
+    async def offline_rows(self, node_id: int, after: int, upto: int | None):
+        """Rows of one node stream in (after, upto], in order, a page at a time; upto None = to
+        the stream's end as it is now (a dead node's stream no longer grows)."""
+        if upto is None:
+            upto = await self.pool.fetchval(_q("offline_head"), node_id)
+        while after < upto:
+            rows = await self.pool.fetch(_q("offline_page"), node_id, after, upto, OFFLINE_PAGE)
+            for r in rows:
+                yield r
+            if len(rows) < OFFLINE_PAGE:
+                return
+            after = rows[-1]["seq"]
+
+    async def offline_prune(self, compact: int = COMPACT_RANGES) -> int:
+        """Move the lowest cursor ranges past rows their sessions do not match, then delete the
+        rows no range needs; returns how many were deleted."""
+        await self.pool.execute(_q("cursors_compact"), compact)
+        status = await self.pool.execute(_q("offline_prune"))
+        return int(status.split()[-1])
 
 
 def _process_alive(pid: int) -> bool:

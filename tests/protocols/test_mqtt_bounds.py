@@ -53,10 +53,12 @@ def test_slow_qos1_subscriber_is_disconnected_and_its_session_bounded(threaded_b
     wait_until(lambda: router.slow_disconnects == 1, 10)
     sess = _session(server, cid)
     wait_until(lambda: sess.conn is None, 10)
-    # Memory held for the session: at most `limit` messages of ~1 KiB.
-    assert sess.held == limit
-    assert sess.held_bytes == limit * (6 + 1024)
-    assert len(sess.outbox) + len(sess.inflight) == limit
+    # Kept for the session: at most `limit` messages of ~1 KiB -- the rows held when it went
+    # offline (in memory and in fluxpg.mqtt_session_messages) and, after them, the ones in the
+    # shared offline log (only their offsets in memory).
+    assert sess.held + len(sess.offline_seqs) == limit
+    assert sess.held_bytes + sess.offline_bytes == limit * (6 + 1024)
+    assert len(sess.outbox) + len(sess.inflight) == sess.held
     assert sess.dropped == router.offline_dropped == n - limit
     # The client comes back (session present) and gets exactly the kept messages, newest last.
     sub.c._sock.close() if sub.c._sock else None

@@ -227,6 +227,12 @@ class Router:
         self.connection_outbound_bytes = 0
         self.store: MqttSessionStore | None = None
         self._handovers: set[asyncio.Task] = set()
+        # The shared offline log (fluxpg.mqtt_offline_log): this node's stream position -- the seq
+        # of the last message appended for offline sessions -- and the offline sessions whose
+        # oldest messages went above the bound since the last housekeeping round.
+        self.log_seq = 0
+        self.offline_logged = 0        # messages appended to the offline log (once each)
+        self._drops: dict[str, Session] = {}
 
     # --- life cycle ---------------------------------------------------------------------------
 
@@ -234,6 +240,7 @@ class Router:
         await self._refresh_nodes()
         self.store = self.manager.mqtt.session_store(self.node_id, self.manager.qm.heartbeat_timeout)
         self.store.start()
+        self.log_seq = await self.store.offline_head()
         self._listener = self.manager.mqtt.listener({RELAY_CHANNEL: self._on_notify,
                                                         SHARED_CHANNEL: self._on_shared_notify,
                                                         SESSION_CHANNEL: self._on_session_notify})
@@ -292,6 +299,8 @@ class Router:
                 await self.manager.mqtt.execute("retained_prune")
                 await self._expire_stored()
                 await self.adopt_sessions()
+                self._save_drops()
+                await self.store.offline_prune()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - the next round retries
@@ -399,6 +408,7 @@ class Router:
                 continue
             sess = restore_session(self, client_id, data)
             self.sessions[client_id] = sess
+            sess.open_log()           # offline here from now on: its messages go to this node's stream
             row = data["session"]
             if row["connected"]:
                 self.store.submit("session_disconnected", client_id, sess.expiry_interval)
@@ -456,6 +466,7 @@ class Router:
             sess.cancel_timers()
             if self.sessions.get(client_id) is sess:
                 self.drop_session(sess)
+            sess.close_log()          # this node's stream ends here for the session
         try:
             await self.store.claim(client_id, new_node)
         except Exception as exc:  # noqa: BLE001 - the other node takes it after its timeout
@@ -522,13 +533,48 @@ class Router:
                     if fut is not None and waits is not None:
                         waits.append(fut)
                     delivered += 1
+        seq = 0
         for cid, opts_list in per_session.items():
+            sess = self.sessions[cid]
+            delivered += 1
+            if sess.log_open and sess.conn is None:
+                # Offline persistent session: the message goes to the shared offline log, once
+                # for all of them; the session replays it from there when it reconnects.
+                if min(msg.qos, max(o.qos for o in opts_list)):
+                    if not seq:
+                        seq = self._log_append(msg, waits)
+                    sess.logged(seq, len(msg.payload))
+                continue
             # Overlapping subscriptions of one session: one copy, highest QoS, every identifier.
-            fut = self.sessions[cid].deliver_plain(msg, opts_list)
+            fut = sess.deliver_plain(msg, opts_list)
             if fut is not None and waits is not None:
                 waits.append(fut)
-            delivered += 1
         return delivered
+
+    def _log_append(self, msg: Message, waits: list | None) -> int:
+        """Append msg to this node's offline stream; the commit's future goes to `waits` (the
+        publisher's PUBACK waits for it). The store applies it after every cursor opened before
+        it, in one ordered write-through, so the row is never visible without its readers."""
+        self.log_seq += 1
+        self.offline_logged += 1
+        fut = self.store.submit("offline_append", self.node_id, self.log_seq, msg.topic, msg.payload, msg.qos,
+                                msg.retain, props_to_json(msg.props), _ts(msg.expires_at), msg.origin,
+                                wait=waits is not None)
+        if fut is not None:
+            waits.append(fut)
+        return self.log_seq
+
+    def dropped_offline(self, sess: Session) -> None:
+        """sess dropped its oldest offline messages: move its cursor in the next housekeeping
+        round (one write per session per round, however many were dropped)."""
+        self._drops[sess.client_id] = sess
+
+    def _save_drops(self) -> None:
+        drops, self._drops = self._drops, {}
+        for cid, sess in drops.items():
+            if sess.log_open and sess.drop_unsaved and self.sessions.get(cid) is sess:
+                self.store.submit("cursor_advance", cid, self.node_id, sess.drop_to, sess.drop_unsaved)
+                sess.drop_unsaved = 0
 
     def _owns_shared(self, key: tuple[str, str], msg: Message) -> bool:
         """Does this node deliver msg to shared group `key` (this node has members of it)?"""

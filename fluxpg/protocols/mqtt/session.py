@@ -57,7 +57,7 @@ from fluxpg.protocols.errors import reply_for
 from fluxpg.protocols.settle import Settler
 from fluxpg.errors import FluxError, InvalidArgument, PayloadTooLarge, QueueFull, UnknownQueue, WrongQueueKind
 from fluxpg.protocols.writes import CoalescingWriter
-from fluxpg.topics import ack_verb, is_queue_topic, parse_queue_topic, split_queue_subscription
+from fluxpg.topics import ack_verb, is_queue_topic, parse_queue_topic, split_queue_subscription, topic_matches
 
 from .codec import (MQTT_5, Auth, Connack, Connect, Decoder, Disconnect, MQTTError, Pingreq, Pingresp,
                     Properties, ProtocolError, Puback, Pubcomp, Publish, Pubrec, Pubrel, Suback, Subscribe,
@@ -122,6 +122,7 @@ class Outgoing:
     pid: int = 0
     released: bool = False    # QoS 2: PUBREC received, PUBREL sent
     key: int = 0              # row key in fluxpg.mqtt_session_messages (0 = not stored)
+    log: tuple[int, int] | None = None   # replayed from the offline log: (cursor range id, seq)
 
 
 class QueueSub:
@@ -209,6 +210,17 @@ class Session:
         # Durable state (fluxpg.mqtt_session_*): written through while the session is persistent.
         self.stored = False
         self.next_key = 1
+        # The shared offline log (fluxpg.mqtt_offline_log): log_open while this node has an open
+        # cursor range for the session (it is offline here and its messages go to the log);
+        # offline_seqs holds the seqs of its newest logged messages, up to the bound, so the
+        # oldest can be dropped (drop_to: the last dropped seq, drop_unsaved: not yet written).
+        self.log_open = False
+        self.offline_seqs: deque[tuple[int, int]] = deque()     # (seq, payload size)
+        self.offline_bytes = 0
+        self.drop_to = 0
+        self.drop_unsaved = 0
+        self.replaying = False
+        self.replay_left = 0      # replayed messages neither taken (made rows) nor dropped yet
 
     # --- durable state ------------------------------------------------------------------------
 
@@ -233,6 +245,148 @@ class Session:
         store = self.router.store if self.stored else None
         if store is not None:
             store.submit(op, self.client_id, *args)
+
+    # --- the shared offline log ----------------------------------------------------------------
+
+    def open_log(self) -> None:
+        """The session is offline on this node from now on: messages for it go to this node's
+        offline stream after the current position. Only a persistent session, and only with no
+        replayed message still waiting (those become rows first: a range is read whole)."""
+        store = self.store
+        if store is None or self.log_open:
+            return
+        for out in [o for o in self.outbox if o.log is not None and not o.key]:
+            self._take(out, 0)          # queued rows now: the next range starts after them
+        self.log_open = True
+        self.offline_seqs.clear()
+        self.offline_bytes = 0
+        self.drop_to = self.drop_unsaved = 0
+        store.submit("cursor_open", self.client_id, self.router.node_id, self.router.log_seq)
+
+    def close_log(self) -> int:
+        """Stop logging for the session on this node (it reconnected, or moved): its range of
+        this node's stream ends at the current position, which is returned."""
+        end = self.router.log_seq
+        if self.log_open:
+            self.log_open = False
+            if self.drop_unsaved:
+                self._store("cursor_advance", self.router.node_id, self.drop_to, self.drop_unsaved)
+                self.drop_unsaved = 0
+            self._store("cursor_close", self.router.node_id, end)
+        return end
+
+    def logged(self, seq: int, size: int) -> None:
+        """A message for this offline session went to the log at seq. Above the bound (stored
+        rows + logged messages) the oldest is dropped and counted at once: a stored row first
+        (older than anything logged), else the oldest logged one, whose cursor moves past it
+        in the router's next housekeeping round."""
+        r = self.router
+        if not (r.outbound_messages or r.outbound_bytes):
+            return
+        self.offline_seqs.append((seq, size))
+        self.offline_bytes += size
+        while self.offline_seqs and (
+                (r.outbound_messages and len(self.offline_seqs) + self.held > r.outbound_messages)
+                or (r.outbound_bytes and self.offline_bytes + self.held_bytes > r.outbound_bytes)):
+            if not self._drop_oldest_row():
+                self.drop_to, old_size = self.offline_seqs.popleft()
+                self.offline_bytes -= old_size
+                self.drop_unsaved += 1
+                r.dropped_offline(self)
+            self.dropped += 1
+            r.offline_dropped += 1
+
+    def _from_log(self, r: Any, range_id: int) -> Outgoing | None:
+        """What a logged message is for this session, by its subscriptions as they are (they do
+        not change while it is offline): None when none matches it now at QoS 1/2."""
+        cid = self.client_id
+        opts_list = [o for o in self.subs.values()
+                     if o.share is None and topic_matches(o.inner, r["topic"])
+                     and not (o.no_local and r["origin"] == cid)]
+        if not opts_list:
+            return None
+        qos = min(r["qos"], max(o.qos for o in opts_list))
+        if not qos:
+            return None
+        msg = Message(r["topic"], bytes(r["payload"]), r["qos"], r["retain"], props_from_json(r["props"]),
+                      r["expires_at"].timestamp() if r["expires_at"] is not None else None, r["origin"])
+        if msg.expired():
+            return None
+        retain = msg.retain and any(o.retain_as_published for o in opts_list)
+        sids = [o.subscription_id for o in opts_list if o.subscription_id]
+        return Outgoing(msg, qos, retain, sids, log=(range_id, r["seq"]))
+
+    async def replay(self, end: int) -> None:
+        """The session reconnected (this node's range closed at `end`): put what the log holds for
+        it in the outbox -- after the stored rows (older), before what arrived since (newer) --
+        keeping the newest up to the bound. Rows are written as the messages are sent."""
+        store = self.store
+        if store is None:
+            return
+        router = self.router
+        held_before = len(self.outbox)
+        bound = router.outbound_messages or None
+        kept: deque[Outgoing] = deque(maxlen=bound)
+        dropped = 0
+        seen: set[tuple[int, int]] = set()
+        for rng in await store.offline_cursors(self.client_id):
+            node = rng["node_id"]
+            async for r in store.offline_rows(node, rng["cursor"], rng["until_seq"]):
+                if (node, r["seq"]) in seen:
+                    continue            # two ranges of one stream (a crash between close and open)
+                seen.add((node, r["seq"]))
+                out = self._from_log(r, rng["id"])
+                if out is None:
+                    continue
+                if bound is not None and len(kept) == bound:
+                    dropped += 1
+                kept.append(out)
+        if dropped:
+            self.dropped += dropped
+            router.offline_dropped += dropped
+            self._store("session_dropped", dropped)
+        if not kept:
+            self._store("cursors_clear")
+            return
+        # Above the bound (stored rows + replayed + newer): the oldest replayed ones go. Stored
+        # rows stay: some are in flight again (resent with DUP) and the client may be acking them.
+        kept_bytes = sum(len(o.msg.payload) for o in kept)
+        over = 0
+        while kept and ((router.outbound_messages and self.held + len(kept) > router.outbound_messages)
+                        or (router.outbound_bytes and self.held_bytes + kept_bytes > router.outbound_bytes)):
+            kept_bytes -= len(kept.popleft().msg.payload)
+            over += 1
+        if over:
+            self.dropped += over
+            router.offline_dropped += over
+            self._store("session_dropped", over)
+        if not kept:
+            self._store("cursors_clear")
+            return
+        self.replay_left = len(kept)
+        # Messages that arrived during the replay were appended behind the restored rows.
+        newer = [self.outbox.pop() for _ in range(len(self.outbox) - held_before)][::-1]
+        for out in kept:
+            self.held += 1
+            self.held_bytes += len(out.msg.payload)
+            self.outbox.append(out)
+        self.outbox.extend(newer)
+
+    def _take(self, out: Outgoing, stage: int, pid: int | None = None) -> None:
+        """A replayed message becomes a row of fluxpg.mqtt_session_messages, and its range's cursor
+        moves past it, in one statement."""
+        range_id, seq = out.log
+        out.key = self.next_key
+        self.next_key += 1
+        msg = out.msg
+        self._store("log_take", out.key, pid, stage, msg.topic, msg.payload, out.qos, out.retain,
+                    props_to_json(msg.props), _ts(msg.expires_at), out.sub_ids or None, range_id, seq)
+        self._replayed()
+
+    def _replayed(self) -> None:
+        self.replay_left -= 1
+        if self.replay_left == 0:
+            self._store("cursors_clear")    # every replayed message is a row or was dropped
 
     # --- outbound flow ------------------------------------------------------------------------
 
@@ -274,7 +428,7 @@ class Session:
             self.outbox.append(out)
             self.trim()
             return
-        if not self.outbox and len(self.inflight) < conn.send_quota:
+        if not self.outbox and not self.replaying and len(self.inflight) < conn.send_quota:
             self._send_new(out)
         else:
             self.outbox.append(out)
@@ -286,16 +440,21 @@ class Session:
         (they are older than the queued ones), never a QoS 2 message past PUBREC (its PUBREL is
         owed: exactly-once)."""
         while self._over_bound():
-            victim = next((pid for pid, o in self.inflight.items() if o.qref is None and not o.released), None)
-            if victim is not None:
-                old = self.inflight.pop(victim)
-            elif self.outbox:
-                old = self.outbox.popleft()
-            else:
+            if not self._drop_oldest_row():
                 return
-            self._release(old)
             self.dropped += 1
             self.router.offline_dropped += 1
+
+    def _drop_oldest_row(self) -> bool:
+        victim = next((pid for pid, o in self.inflight.items() if o.qref is None and not o.released), None)
+        if victim is not None:
+            old = self.inflight.pop(victim)
+        elif self.outbox and self.outbox[0].qref is None:
+            old = self.outbox.popleft()
+        else:
+            return False
+        self._release(old)
+        return True
 
     def _over_bound(self) -> bool:
         r = self.router
@@ -309,6 +468,9 @@ class Session:
         if out.key:
             self._store("msg_delete", out.key)
             out.key = 0
+        elif out.log is not None:
+            self._replayed()                # dropped before it was sent
+            out.log = None
 
     def _alloc_pid(self) -> int:
         for _ in range(0xFFFF):
@@ -322,6 +484,8 @@ class Session:
         self.inflight[out.pid] = out
         if out.key:
             self._store("msg_stage", out.key, out.pid, 1)
+        elif out.log is not None:
+            self._take(out, 1, out.pid)
         if not self.conn.send_publish(out):
             # Expired or too large for the client: treated as delivered (§3.1.2.25).
             self.inflight.pop(out.pid, None)
@@ -329,6 +493,8 @@ class Session:
 
     def pump(self) -> None:
         conn = self.conn
+        if self.replaying:
+            return          # the replay puts older messages ahead first
         while conn is not None and self.outbox and len(self.inflight) < conn.send_quota:
             self._send_new(self.outbox.popleft())
 
@@ -374,6 +540,10 @@ class Session:
         self.outbox.clear()
         self.inflight.clear()
         self.held = self.held_bytes = 0
+        self.log_open = False
+        self.offline_seqs.clear()
+        self.offline_bytes = 0
+        self.replay_left = 0
         if self.stored:
             self._store("session_delete")
             self.stored = False
@@ -680,6 +850,8 @@ class Connection:
 
     async def _detach(self, sess: Session) -> None:
         sess.conn = None
+        if sess.expiry_interval > 0 and not self.router.closing:
+            sess.open_log()     # at once: what is routed from now on goes to the offline log
         for qsub in list(sess.queue_subs.values()):
             try:
                 await qsub.close()
@@ -850,10 +1022,20 @@ class Connection:
         connections.logged_in()   # the listener's handshake deadline no longer applies
         self.last_rx = asyncio.get_running_loop().time()
         sess.conn = self
+        # Offline messages in the log up to here are replayed; from here on they arrive live.
+        end = sess.close_log()
         log.debug("MQTT %s connected (v%s, session %s)", client_id, self.version, "resumed" if present else "new")
         if present:
             for out in list(sess.inflight.values()):
                 self.resend(out)
+            if sess.store is not None:
+                sess.replaying = True
+                try:
+                    await sess.replay(end)
+                except Exception as exc:  # noqa: BLE001 - the ranges stay: the next connection replays them
+                    log.warning("MQTT %s: replaying offline messages failed: %s", client_id, exc)
+                finally:
+                    sess.replaying = False
             sess.pump()
             for qsub in list(sess.queue_subs.values()):
                 try:

@@ -206,6 +206,10 @@ async def collect_metrics(ctx: Any) -> str:
         m.add("fluxpg_mqtt_offline_dropped_total", "counter",
               "Messages of offline persistent sessions dropped (oldest first) above the session bound",
               router.offline_dropped)
+        m.add("fluxpg_mqtt_offline_logged_total", "counter",
+              "Messages appended to the shared offline log (fluxpg.mqtt_offline_log), once each however"
+              " many offline persistent sessions they were for",
+              getattr(router, "offline_logged", 0))
         m.add("fluxpg_mqtt_slow_subscriber_disconnects_total", "counter",
               "MQTT connections closed (0x97) because their session's outbound queue exceeded the bound",
               router.slow_disconnects)

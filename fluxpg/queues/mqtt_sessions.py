@@ -1,6 +1,7 @@
 """Durable MQTT session state in PostgreSQL (issue 16): the queue-manager side of the MQTT
-front-end's persistent sessions. SQL in sql/mqtt_session_queries.sql, tables in
-sql/0009_mqtt_sessions.sql.
+front-end's persistent sessions. SQL in sql/mqtt_session_queries.sql and (the shared offline log
+of migration 0012) sql/mqtt_offline_queries.sql, tables in sql/0009_mqtt_sessions.sql and
+sql/0012_mqtt_offline_log.sql.
 
 Writes are a write-through log: the session code calls `submit(op, *args)` in the order things
 happen; one writer task applies whatever has piled up in ONE transaction, in that order (group
@@ -186,9 +187,8 @@ class MqttSessionStore:
         return await self.pool.fetchval(_q("offline_head"), self.node_id)
 
     async def offline_cursors(self, client_id: str) -> list[Any]:
-        """The ranges of node streams a session reads, oldest first (after everything submitted
-        so far is applied: the appends and the cursor closes of this node are in)."""
-        await self.flush()
+        """The ranges of node streams a session reads, oldest first (the caller waits for the
+        writes they depend on)."""
         return await self.pool.fetch(_q("session_cursors"), client_id)
 
     async def offline_rows(self, node_id: int, after: int, upto: int | None):

@@ -18,6 +18,15 @@ One `Router` per broker process (created on the first MQTT connection, kept in c
   on node B for a session node A owns asks A over NOTIFY fluxpg_mqtt_session to disconnect its
   client (0x8E) and hand the session over, then B loads it. The publisher's PUBACK/PUBREC waits
   for the rows of the persistent sessions its message was queued for.
+* Offline persistent sessions get no row per message: a message matching any of them is appended
+  ONCE to this node's stream of the shared offline log (fluxpg.mqtt_offline_log, `_log_append`),
+  and each keeps a cursor range into that stream, opened when it goes offline here
+  (Session.open_log) and closed at the stream position when it reconnects or moves
+  (Session.close_log). Subscriptions do not change while a session is offline, so on reconnect
+  its matching rows are exactly its messages: Session.replay puts them ahead of newer ones. One
+  writer per node (the session store) applies appends and cursor changes in order, so a row is
+  never visible before the cursors that read it. Housekeeping moves dormant cursors past rows
+  their sessions do not match (SQL fluxpg.topic_matches) and deletes rows below every cursor.
 * Shared subscriptions `$share/<group>/<filter>`: each message goes to one member of the group
   across all nodes (§4.8.2). `fluxpg.mqtt_shared` holds a row per (group, filter, node) while that
   node has members; every node keeps a copy in memory (`shared_nodes`), reloaded when the table's
@@ -231,6 +240,9 @@ class Router:
         # of the last message appended for offline sessions -- and the offline sessions whose
         # oldest messages went above the bound since the last housekeeping round.
         self.log_seq = 0
+        # False: offline messages become rows of every session (fluxpg.mqtt_session_messages),
+        # the design before the shared log; kept for benchmarks/mqtt_offline_broker.py to compare.
+        self.offline_log = True
         self.offline_logged = 0        # messages appended to the offline log (once each)
         self._drops: dict[str, Session] = {}
 
@@ -466,7 +478,9 @@ class Router:
             sess.cancel_timers()
             if self.sessions.get(client_id) is sess:
                 self.drop_session(sess)
-            sess.close_log()          # this node's stream ends here for the session
+            closed = sess.close_log()     # this node's stream ends here for the session
+            if closed is not None:        # claim() below waits for it (ordered writes)
+                closed.add_done_callback(lambda f: f.cancelled() or f.exception())
         try:
             await self.store.claim(client_id, new_node)
         except Exception as exc:  # noqa: BLE001 - the other node takes it after its timeout
@@ -537,7 +551,7 @@ class Router:
         for cid, opts_list in per_session.items():
             sess = self.sessions[cid]
             delivered += 1
-            if sess.log_open and sess.conn is None:
+            if sess.log_open and sess.conn is None and self.offline_log:
                 # Offline persistent session: the message goes to the shared offline log, once
                 # for all of them; the session replays it from there when it reconnects.
                 if min(msg.qos, max(o.qos for o in opts_list)):

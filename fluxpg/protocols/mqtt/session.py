@@ -263,17 +263,18 @@ class Session:
         self.drop_to = self.drop_unsaved = 0
         store.submit("cursor_open", self.client_id, self.router.node_id, self.router.log_seq)
 
-    def close_log(self) -> int:
+    def close_log(self) -> asyncio.Future | None:
         """Stop logging for the session on this node (it reconnected, or moved): its range of
-        this node's stream ends at the current position, which is returned."""
-        end = self.router.log_seq
-        if self.log_open:
-            self.log_open = False
-            if self.drop_unsaved:
-                self._store("cursor_advance", self.router.node_id, self.drop_to, self.drop_unsaved)
-                self.drop_unsaved = 0
-            self._store("cursor_close", self.router.node_id, end)
-        return end
+        this node's stream ends at the current position. Returns the future of that write: once
+        it is applied, so is everything submitted before it (the appends the range reads)."""
+        if not self.log_open:
+            return None
+        self.log_open = False
+        store = self.router.store
+        if self.drop_unsaved:
+            store.submit("cursor_advance", self.client_id, self.router.node_id, self.drop_to, self.drop_unsaved)
+            self.drop_unsaved = 0
+        return store.submit("cursor_close", self.client_id, self.router.node_id, self.router.log_seq, wait=True)
 
     def logged(self, seq: int, size: int) -> None:
         """A message for this offline session went to the log at seq. Above the bound (stored
@@ -316,15 +317,22 @@ class Session:
         sids = [o.subscription_id for o in opts_list if o.subscription_id]
         return Outgoing(msg, qos, retain, sids, log=(range_id, r["seq"]))
 
-    async def replay(self, end: int) -> None:
-        """The session reconnected (this node's range closed at `end`): put what the log holds for
-        it in the outbox -- after the stored rows (older), before what arrived since (newer) --
-        keeping the newest up to the bound. Rows are written as the messages are sent."""
+    async def replay(self, closed: asyncio.Future | None) -> None:
+        """The session reconnected (this node's range closed by the write `closed`): put what the
+        log holds for it in the outbox -- after the stored rows (older), before what arrived
+        since (newer) -- keeping the newest up to the bound. Rows are written as the messages
+        are sent."""
         store = self.store
         if store is None:
             return
-        router = self.router
         held_before = len(self.outbox)
+        # Everything this session's ranges depend on is written once the close is (one ordered
+        # writer); waiting for the store's whole backlog instead serialised mass reconnects.
+        if closed is not None:
+            await closed
+        else:
+            await store.flush()
+        router = self.router
         bound = router.outbound_messages or None
         kept: deque[Outgoing] = deque(maxlen=bound)
         dropped = 0
@@ -1023,7 +1031,7 @@ class Connection:
         self.last_rx = asyncio.get_running_loop().time()
         sess.conn = self
         # Offline messages in the log up to here are replayed; from here on they arrive live.
-        end = sess.close_log()
+        closed = sess.close_log()
         log.debug("MQTT %s connected (v%s, session %s)", client_id, self.version, "resumed" if present else "new")
         if present:
             for out in list(sess.inflight.values()):
@@ -1031,7 +1039,7 @@ class Connection:
             if sess.store is not None:
                 sess.replaying = True
                 try:
-                    await sess.replay(end)
+                    await sess.replay(closed)
                 except Exception as exc:  # noqa: BLE001 - the ranges stay: the next connection replays them
                     log.warning("MQTT %s: replaying offline messages failed: %s", client_id, exc)
                 finally:

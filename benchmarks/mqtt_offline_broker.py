@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import sys
 import time
@@ -145,10 +146,14 @@ async def run_design(dsn: str, design: str, sessions: int, messages: int, payloa
 
         t0 = time.perf_counter()
         again = [Client(c) for c in ids]
-        for i in range(0, sessions, 100):
-            await asyncio.gather(*(c.connect(port, clean=False) for c in again[i:i + 100]))
-        assert all(c.session_present for c in again)
-        await asyncio.gather(*(c.receive(messages) for c in again))
+        connecting = asyncio.Semaphore(100)         # the accept backlog
+
+        async def resume(c: Client) -> None:
+            async with connecting:
+                await c.connect(port, clean=False)
+            assert c.session_present
+            await c.receive(messages)
+        await asyncio.gather(*(resume(c) for c in again))
         received = time.perf_counter() - t0
         # The in-flight bookkeeping (a row per sent message, deleted by its PUBACK) trails behind
         # the deliveries (sql write-through, fluxpg/queues/mqtt_sessions.py): drained = written.
@@ -176,6 +181,7 @@ async def main_async(args) -> None:
 
 
 def main() -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dsn", required=True)
     ap.add_argument("--sessions", type=int, default=1000)

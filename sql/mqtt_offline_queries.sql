@@ -94,3 +94,15 @@ next AS (
 UPDATE fluxpg.mqtt_offline_cursors c SET cursor = greatest(c.cursor, n.cursor)
   FROM next n
  WHERE c.id = n.id AND n.cursor > c.cursor;
+
+-- name: log_take_row
+-- log_take without the cursor move: the session store inserts a run of takes with this and then
+-- moves each range's cursor once (cursor_move), in the same transaction -- updating one cursor
+-- row per message made every take of a run walk a longer chain of row versions.
+INSERT INTO fluxpg.mqtt_session_messages
+       (client_id, key, packet_id, stage, topic, payload, qos, retain, props, expires_at, sub_ids)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::text::jsonb, $10, $11)
+ON CONFLICT (client_id, key) DO NOTHING;
+
+-- name: cursor_move
+UPDATE fluxpg.mqtt_offline_cursors SET cursor = greatest(cursor, $2) WHERE id = $1;

@@ -114,7 +114,14 @@ class MqttSessionStore:
                     while j < len(batch) and batch[j][0] == op:
                         j += 1
                     rows = [args for _o, args, _f in batch[i:j]]
-                    if len(rows) == 1:
+                    if op == "log_take" and len(rows) > 1:
+                        # The rows, then each range's cursor once: same transaction, same effect.
+                        await conn.executemany(_q("log_take_row"), [r[:11] for r in rows])
+                        moves: dict[int, int] = {}
+                        for r in rows:
+                            moves[r[11]] = max(moves.get(r[11], 0), r[12])
+                        await conn.executemany(_q("cursor_move"), list(moves.items()))
+                    elif len(rows) == 1:
                         await conn.execute(_q(op), *rows[0])
                     else:
                         await conn.executemany(_q(op), rows)

@@ -50,6 +50,11 @@ class MqttSessionStore:
         self._task: asyncio.Task | None = None
         self.writes = 0
         self.failed = 0
+        # Writes submitted and not applied yet, per client id (a replay that finds none for its
+        # session need not wait behind other sessions' backlog), and the highest seq of this
+        # node's offline stream whose append was applied (appends are applied in seq order).
+        self._pending: dict[str, int] = {}
+        self.appended = 0
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._writer(), name="fluxpg-mqtt-session-store")
@@ -74,6 +79,8 @@ class MqttSessionStore:
     def submit(self, op: str, *args: Any, wait: bool = False) -> asyncio.Future | None:
         fut = asyncio.get_running_loop().create_future() if wait else None
         self._ops.append((op, args, fut))
+        if args and isinstance(args[0], str):
+            self._pending[args[0]] = self._pending.get(args[0], 0) + 1
         self._idle.clear()
         self._wake.set()
         return fut
@@ -102,7 +109,23 @@ class MqttSessionStore:
                         if fut is not None and not fut.done():
                             fut.set_result(None)
                 self.writes += len(batch)
+                self._applied(batch)
             self._idle.set()
+
+    def _applied(self, batch: list) -> None:
+        for op, args, _fut in batch:
+            if op == "offline_append":
+                self.appended = max(self.appended, args[1])
+            elif args and isinstance(args[0], str):
+                left = self._pending.get(args[0], 0) - 1
+                if left > 0:
+                    self._pending[args[0]] = left
+                else:
+                    self._pending.pop(args[0], None)
+
+    def quiet(self, client_id: str) -> bool:
+        """No write of this session is waiting to be applied."""
+        return client_id not in self._pending
 
     async def _apply(self, batch: list) -> None:
         async with self.pool.acquire() as conn:

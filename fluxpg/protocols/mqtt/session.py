@@ -221,6 +221,7 @@ class Session:
         self.drop_unsaved = 0
         self.replaying = False
         self.replay_left = 0      # replayed messages neither taken (made rows) nor dropped yet
+        self.log_end = 0          # this node's stream position when the session last reconnected
 
     # --- durable state ------------------------------------------------------------------------
 
@@ -265,16 +266,25 @@ class Session:
 
     def close_log(self) -> asyncio.Future | None:
         """Stop logging for the session on this node (it reconnected, or moved): its range of
-        this node's stream ends at the current position. Returns the future of that write: once
-        it is applied, so is everything submitted before it (the appends the range reads)."""
+        this node's stream ends at the current position (self.log_end). Returns the future of
+        that write -- once it is applied, so is everything submitted before it (the appends the
+        range reads) -- or None when nothing needs waiting for: no write of the session pending
+        and every append up to the end applied (the usual case: CONNACK waited for the session
+        row)."""
+        self.log_end = self.router.log_seq
         if not self.log_open:
             return None
         self.log_open = False
         store = self.router.store
+        quiet = store.quiet(self.client_id) and store.appended >= self.log_end and not self.drop_unsaved
         if self.drop_unsaved:
             store.submit("cursor_advance", self.client_id, self.router.node_id, self.drop_to, self.drop_unsaved)
             self.drop_unsaved = 0
-        return store.submit("cursor_close", self.client_id, self.router.node_id, self.router.log_seq, wait=True)
+        closed = store.submit("cursor_close", self.client_id, self.router.node_id, self.log_end, wait=True)
+        if quiet:
+            closed.add_done_callback(lambda f: f.cancelled() or f.exception())
+            return None
+        return closed
 
     def logged(self, seq: int, size: int) -> None:
         """A message for this offline session went to the log at seq. Above the bound (stored
@@ -327,11 +337,10 @@ class Session:
             return
         held_before = len(self.outbox)
         # Everything this session's ranges depend on is written once the close is (one ordered
-        # writer); waiting for the store's whole backlog instead serialised mass reconnects.
+        # writer); close_log found it written already unless it returned the close to wait for.
+        # (Waiting for the store's whole backlog instead serialised mass reconnects.)
         if closed is not None:
             await closed
-        else:
-            await store.flush()
         router = self.router
         bound = router.outbound_messages or None
         kept: deque[Outgoing] = deque(maxlen=bound)
@@ -339,7 +348,10 @@ class Session:
         seen: set[tuple[int, int]] = set()
         for rng in await store.offline_cursors(self.client_id):
             node = rng["node_id"]
-            async for r in store.offline_rows(node, rng["cursor"], rng["until_seq"]):
+            upto = rng["until_seq"]
+            if upto is None and node == router.node_id:
+                upto = self.log_end     # its close may not be applied yet: the range ends there
+            async for r in store.offline_rows(node, rng["cursor"], upto):
                 if (node, r["seq"]) in seen:
                     continue            # two ranges of one stream (a crash between close and open)
                 seen.add((node, r["seq"]))

@@ -106,7 +106,10 @@ async def offline_sessions_for(router, ids: list[str]) -> None:
 
 
 async def run_design(dsn: str, design: str, sessions: int, messages: int, payload_size: int) -> dict:
-    server = await Server.start(dsn, Config(bounds={"mqtt_session_outbound_messages": max(1000, messages)}),
+    server = await Server.start(dsn, Config(bounds={"mqtt_session_outbound_messages": max(1000, messages),
+                                                # a mass reconnect's CONNACKs wait for the session
+                                                # store's backlog: measured here, not refused
+                                                "handshake_timeout": "600s"}),
                                 addresses={"mqtt": "127.0.0.1:0", "amqp": None, "amqp091": None, "http": None},
                                 migrate=True, retention=False)
     try:

@@ -104,8 +104,11 @@ async def end_to_end(mgr: QueueManager, dsn: str, queue: str, *, transactional: 
     acks: list[int] = []
 
     def on_delivery(d):
-        latencies.append(time.perf_counter() - sent[d.payload])
         acks.append(d.seq)
+        t0 = sent.get(d.payload)
+        if t0 is None:          # an earlier round's message, redelivered: not this round's latency
+            return
+        latencies.append(time.perf_counter() - t0)
         if len(latencies) >= total:
             finished.set()
 
@@ -128,8 +131,10 @@ async def end_to_end(mgr: QueueManager, dsn: str, queue: str, *, transactional: 
         if len(acks) >= 100:
             batch, acks[:] = list(acks), []
             pending.append(asyncio.ensure_future(mgr.ack(queue, group, batch)))
-    await asyncio.gather(*pending)
     await asyncio.wait_for(finished.wait(), 60)
+    if acks:
+        pending.append(asyncio.ensure_future(mgr.ack(queue, group, list(acks))))
+    await asyncio.gather(*pending)
     await sub.close()
     await app.close()
     # Each group reads the whole queue; only its own messages count.

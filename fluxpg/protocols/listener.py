@@ -101,6 +101,13 @@ def handshake_limit(ctx: Any) -> float:
     return timeout.total_seconds() if timeout else 0.0
 
 
+def frame_limit(ctx: Any) -> float:
+    """bounds.frame_timeout in seconds (0: no deadline)."""
+    bounds = getattr(ctx.config, "bounds", None)
+    timeout = getattr(bounds, "frame_timeout", None)
+    return timeout.total_seconds() if timeout else 0.0
+
+
 def watch_handshake(info: ConnectionInfo, accepted: float, limit: float) -> asyncio.TimerHandle | None:
     """Close the connection `limit` seconds after `accepted` (loop time) unless its protocol has
     called connections.logged_in() by then -- one absolute deadline from accept, whatever bytes

@@ -29,9 +29,10 @@ def _server(threaded_broker, **bounds):
     return threaded_broker(config=Config(bounds=BoundsConfig(**bounds)))
 
 
-def _trickle_until_closed(sock: socket.socket, data: bytes, limit: float) -> float:
-    """Send `data` a byte every TRICKLE seconds (reading whatever the broker says meanwhile)
-    until the broker closes the connection; the seconds that took. Fails after `limit`."""
+def _trickle_until_closed(sock: socket.socket, data: bytes, limit: float, received: list | None = None) -> float:
+    """Send `data` a byte every TRICKLE seconds (reading whatever the broker says meanwhile, kept
+    in `received` if given) until the broker closes the connection; the seconds that took. Fails
+    after `limit`."""
     sock.setblocking(False)
     started = time.monotonic()
     i = 0
@@ -53,6 +54,8 @@ def _trickle_until_closed(sock: socket.socket, data: bytes, limit: float) -> flo
                 return time.monotonic() - started
             if not chunk:
                 return time.monotonic() - started
+            if received is not None:
+                received.append(chunk)
     raise AssertionError(f"the connection was still open after {limit}s of trickled bytes")
 
 
@@ -518,3 +521,118 @@ def test_amqp091_transactional_publishes_are_charged_until_commit(threaded_broke
     finally:
         conn.close()
     assert [r["depth"] for r in srv.call(srv.manager.queue_stats()) if r["queue"] == qname] == [4]
+
+
+# --------------------------------------------------------------------------- MQTT over WebSocket: frames the library buffers
+
+
+def _ws_frame_any(payload: bytes, fin: bool = True) -> bytes:
+    """A binary WebSocket frame of any size as a client sends it (masked with a zero key, so the
+    payload goes out as is)."""
+    n = len(payload)
+    first = bytes([(0x80 if fin else 0) | 0x02])
+    if n < 126:
+        head = first + bytes([0x80 | n])
+    elif n < 65536:
+        head = first + bytes([0x80 | 126]) + struct.pack(">H", n)
+    else:
+        head = first + bytes([0x80 | 127]) + struct.pack(">Q", n)
+    return head + b"\x00\x00\x00\x00" + payload
+
+
+def _ws_mqtt_session(srv, listener: str, client_id: str) -> socket.socket:
+    """Upgrade, CONNECT (v5) in one frame, CONNACK read: a connected MQTT-over-WebSocket client."""
+    sock = _connect(srv, listener)
+    sock.settimeout(10)
+    sock.sendall(WS_UPGRADE)
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        chunk = sock.recv(4096)
+        assert chunk, "closed during the upgrade"
+        answer += chunk
+    assert answer.startswith(b"HTTP/1.1 101"), answer
+    rest = answer.split(b"\r\n\r\n", 1)[1]
+    sock.sendall(_ws_frame(encode(Connect(client_id=client_id, keep_alive=60), 5)))
+    while len(rest) < 2 or len(rest) < 2 + rest[1]:
+        chunk = sock.recv(4096)
+        assert chunk, "closed before CONNACK"
+        rest += chunk
+    assert rest[0] == 0x82 and rest[2] == 0x20, rest     # a binary frame carrying CONNACK
+    return sock
+
+
+def _ws_mqtt_packets(data: bytes) -> list:
+    """The MQTT packets in the server's (unmasked, small) binary frames; stops at anything else."""
+    from fluxpg.protocols.mqtt.codec import Decoder
+    dec = Decoder(version=5)
+    while len(data) >= 2 and data[0] == 0x82 and data[1] < 126 and len(data) >= 2 + data[1]:
+        dec.feed(data[2:2 + data[1]])
+        data = data[2 + data[1]:]
+    return list(dec)
+
+
+@pytest.mark.parametrize("listener", ["ws", "http"])
+def test_websocket_frame_deadline_after_connack(threaded_broker, listener):
+    """A WebSocket frame trickled after CONNACK is cut off frame_timeout after its first byte, on the
+    `ws` listener and the HTTP listener's /mqtt, though the WebSocket library shows MQTT nothing of
+    it (it holds a frame until it is whole): DISCONNECT 0x8D, then the socket closes."""
+    from fluxpg.protocols.mqtt.codec import Disconnect
+    srv = threaded_broker(config=Config(listeners={"ws": "127.0.0.1:0"},
+                                        bounds=BoundsConfig(handshake_timeout="60s", frame_timeout="1500ms")))
+    with _ws_mqtt_session(srv, listener, f"trickler-{listener}") as sock:
+        data = _ws_frame_any(encode(Publish("slow/topic", b"x" * 200, 0), 5))
+        assert len(data) * TRICKLE > 6, "the trickle must outlast the deadline by far"
+        received: list[bytes] = []
+        took = _trickle_until_closed(sock, data, limit=20, received=received)
+    assert 1.2 <= took < 6, took
+    packets = _ws_mqtt_packets(b"".join(received))
+    assert packets and isinstance(packets[0], Disconnect) and packets[0].reason_code == 0x8D, packets
+
+
+@pytest.mark.parametrize("listener", ["ws", "http"])
+def test_websocket_message_being_received_is_charged(threaded_broker, listener):
+    """The bytes of a WebSocket message the library is still assembling count toward the inbound
+    bounds (broker-wide count: /metrics fluxpg_inbound_bytes) and are given back when it has been
+    handed to MQTT; a connection whose partial message passes bounds.connection_inbound_bytes is
+    disconnected with 0x97, and its count goes back as well."""
+    srv = threaded_broker(config=Config(listeners={"ws": "127.0.0.1:0"},
+                                        bounds=BoundsConfig(connection_inbound_bytes=1_000_000)))
+    big = _ws_frame_any(encode(Publish("big/topic", b"x" * 600_000, 0), 5))
+    with _ws_mqtt_session(srv, listener, f"big-{listener}") as sock:
+        sock.sendall(big[:400_000])
+        wait = time.monotonic() + 5
+        while _broker_inbound(srv) < 400_000 and time.monotonic() < wait:
+            time.sleep(0.05)
+        assert _broker_inbound(srv) >= 400_000
+        sock.sendall(big[400_000:] + _ws_frame(b"\xc0\x00"))     # the rest, then PINGREQ
+        answer = b""
+        while b"\xd0\x00" not in answer:
+            chunk = sock.recv(4096)
+            assert chunk, "closed"
+            answer += chunk
+        wait = time.monotonic() + 5
+        while _broker_inbound(srv) and time.monotonic() < wait:
+            time.sleep(0.05)
+        assert _broker_inbound(srv) == 0
+    from fluxpg.protocols.mqtt.codec import Disconnect
+    with _ws_mqtt_session(srv, listener, f"huge-{listener}") as sock:
+        huge = _ws_frame_any(encode(Publish("big/topic", b"x" * 1_500_000, 0), 5))
+        sock.sendall(huge[:1_100_000])
+        packets = _ws_mqtt_packets(_read_until_closed(sock))
+    assert packets and isinstance(packets[-1], Disconnect) and packets[-1].reason_code == 0x97, packets
+    wait = time.monotonic() + 5
+    while _broker_inbound(srv) and time.monotonic() < wait:
+        time.sleep(0.05)
+    assert _broker_inbound(srv) == 0
+
+
+@pytest.mark.parametrize("listener", ["ws", "http"])
+def test_complete_websocket_messages_keep_a_slow_connection_alive(threaded_broker, listener):
+    """Whole WebSocket messages each within frame_timeout are fine, however long the connection lasts."""
+    srv = threaded_broker(config=Config(listeners={"ws": "127.0.0.1:0"},
+                                        bounds=BoundsConfig(handshake_timeout="60s", frame_timeout="1500ms")))
+    with _ws_mqtt_session(srv, listener, f"steady-{listener}") as sock:
+        for _ in range(4):    # 4 × 1 s > frame_timeout in total
+            sock.sendall(_ws_frame(b"\xc0\x00"))                        # PINGREQ
+            assert sock.recv(100) == b"\x82\x02\xd0\x00"               # PINGRESP
+            time.sleep(1.0)

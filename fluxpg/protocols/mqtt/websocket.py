@@ -17,6 +17,14 @@ the message stream. Reading pulls one WebSocket message per read (no read-ahead 
 that floods is held back by TCP like on the plain listener); writing coalesces whatever packets are
 queued into one binary message, and `get_write_buffer_size()` counts the unsent bytes, so the
 session's outbound bounds (send_publish, drain) work as on TCP.
+
+Both libraries hold a message until it is whole, so the MQTT code cannot see a message still
+arriving. `InboundWatch` follows the raw bytes beside the library (fluxpg/protocols/wsframes.py;
+each listener feeds it from its socket's data_received) and gives MQTT over WebSocket what the TCP
+read loop has: a started message must be complete within bounds.frame_timeout of its first byte
+(else DISCONNECT 0x8D and close), and the bytes the library holds count toward
+bounds.connection_inbound_bytes / broker_inbound_bytes until the message is handed to MQTT
+(which charges them from there on, as on TCP).
 """
 from __future__ import annotations
 
@@ -27,8 +35,110 @@ from typing import Any, Protocol
 log = logging.getLogger("fluxpg.mqtt.ws")
 
 SUBPROTOCOLS = ("mqtt", "mqttv3.1")     # "mqttv3.1" is what 3.1-era clients offer
-MAX_MESSAGE = 16 * 1024 * 1024 + 1024    # one WebSocket message; MQTT's own packet limit applies inside
 _SEND_CHUNK = 256 * 1024                 # at most this much per outgoing WebSocket message
+
+
+_CUT_AFTER = 1.0    # after a frame deadline: the DISCONNECT and the close frame go out, then the socket
+
+
+def max_message(ctx: Any) -> int:
+    """The largest WebSocket message taken: the MQTT maximum packet size (MqttOptions, advertised
+    in CONNACK); a bigger message could only carry a packet the decoder refuses."""
+    from .session import MqttOptions
+    return (ctx.state.get("mqtt.options") or MqttOptions()).max_packet_size
+
+
+class InboundWatch:
+    """The raw bytes of one MQTT-over-WebSocket connection as they arrive, before the WebSocket
+    library makes messages of them: the frame deadline and the inbound byte count.
+
+    The listener calls `feed(data)` with every chunk read from the socket once the upgrade is
+    done, the stream calls `taken()` when the library hands over a message, and serve_mqtt
+    `attach()`es the MQTT connection's count and what to do on a deadline or over the bound."""
+
+    def __init__(self, frame_timeout: float, transport: Any = None):
+        from fluxpg.protocols.wsframes import FrameScanner
+        self.scanner = FrameScanner()
+        self.frame_timeout = frame_timeout
+        self.transport = transport          # the socket's transport: cut after a frame deadline
+        self.receiving = False              # MQTT waits for the next message (the client owes it)
+        self.inbound: Any = None            # the MQTT connection's ConnectionInbound, once attached
+        self.charged = 0
+        self._expired: Any = None
+        self._over: Any = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._closed = False
+
+    def attach(self, inbound: Any, expired: Any, over: Any) -> None:
+        self.inbound, self._expired, self._over = inbound, expired, over
+        self._sync()
+
+    def feed(self, data: bytes) -> None:
+        if self._closed:
+            return
+        scanner = self.scanner
+        was_started, done = scanner.started, scanner.messages
+        scanner.feed(data)
+        if scanner.broken:
+            self.close()
+            return
+        if not scanner.started:
+            self._disarm()
+        elif not was_started or scanner.messages != done:
+            self._arm()      # a new message began with these bytes: its deadline counts from now
+        self._sync()
+
+    def taken(self) -> None:
+        if self._closed:
+            return
+        self.scanner.take()
+        self._sync()
+
+    def close(self) -> None:
+        """The connection ended: whatever is still charged goes back."""
+        self._closed = True
+        self._disarm()
+        if self.inbound is not None and self.charged:
+            self.inbound.release(self.charged)
+        self.charged = 0
+
+    def _sync(self) -> None:
+        inbound = self.inbound
+        if inbound is None or self._closed:
+            return
+        delta = self.scanner.held - self.charged
+        if delta > 0:
+            inbound.charge(delta)      # read already; too much of it ends the connection (_over)
+        elif delta < 0:
+            inbound.release(-delta)
+        self.charged += delta
+        if delta > 0 and inbound.over and self._over is not None:
+            self._over()
+
+    def _arm(self) -> None:
+        self._disarm()
+        if self.frame_timeout:
+            self._timer = asyncio.get_running_loop().call_later(self.frame_timeout, self._deadline)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _deadline(self) -> None:
+        self._timer = None
+        if self._closed or not self.scanner.started:
+            return
+        if not self.receiving or self.scanner.waiting:
+            # MQTT is busy or paused at the inbound bound with whole messages waiting: the library
+            # may have stopped reading the socket, so the broker is late, not the client. Count again.
+            self._arm()
+            return
+        if self._expired is not None:
+            self._expired()
+        if self.transport is not None:
+            asyncio.get_running_loop().call_later(_CUT_AFTER, self.transport.abort)
+        self.close()
 
 
 class MessageStream(Protocol):
@@ -192,17 +302,37 @@ async def serve_mqtt(ws: MessageStream, ctx: Any, peer: str | None = None) -> No
     """Serve one MQTT connection over a WebSocket-like message stream until it ends."""
     from .session import Connection, MqttOptions, get_router
 
+    from .session import RC
+
     peer = peer or getattr(ws, "peer", None)
     router = await get_router(ctx)
     options = ctx.state.get("mqtt.options") or MqttOptions()
     reader = _Reader(ws)
     writer = _Writer(ws, peer)
     conn = Connection(reader, writer, ctx, router, options)   # type: ignore[arg-type]
+    watch: InboundWatch | None = getattr(ws, "watch", None)
+    if watch is not None:
+        def expired() -> None:
+            log.info("MQTT over WebSocket %s from %s: a WebSocket message was not completed within %ss of its "
+                     "first byte (bounds.frame_timeout)", conn.client_id or "?", peer, watch.frame_timeout)
+            conn._shutdown(RC.KEEP_ALIVE_TIMEOUT, "packet not completed in time", end="keepalive")
+
+        def over() -> None:
+            # As on TCP: with publishes committing, MQTT stops taking messages and the library's
+            # read-ahead is what waits; with nothing of ours to wait for, the bytes alone are too
+            # many: 0x97 (a single message larger than the bound, or the broker full).
+            if not conn.inbound_held and not conn.closing:
+                log.info("MQTT over WebSocket %s from %s: message refused: inbound bytes over the bound",
+                         conn.client_id or "?", peer)
+                conn._shutdown(RC.QUOTA_EXCEEDED, "inbound bytes over the broker's bound", end="error")
+        watch.attach(conn.inbound, expired, over)
     try:
         await conn.run(b"")
     except asyncio.CancelledError:
         pass
     finally:
+        if watch is not None:
+            watch.close()
         reader.cancel()
         writer.close()
         try:
@@ -220,15 +350,24 @@ class _WebsocketsStream:
 
     def __init__(self, conn: Any):
         self.conn = conn
+        self.watch: InboundWatch | None = getattr(conn, "watch", None)
         addr = conn.remote_address
         self.peer = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) and len(addr) >= 2 else None
 
     async def receive(self) -> bytes | None:
         from websockets.exceptions import ConnectionClosed
+        watch = self.watch
+        if watch is not None:
+            watch.receiving = True
         try:
             msg = await self.conn.recv()
         except ConnectionClosed:
             return None
+        finally:
+            if watch is not None:
+                watch.receiving = False
+        if watch is not None:
+            watch.taken()      # MQTT charges these bytes from here on
         if isinstance(msg, str):
             log.info("MQTT over WebSocket from %s: text frame, closing (MQTT needs binary frames)", self.peer)
             await self.conn.close(1003, "MQTT needs binary frames")
@@ -256,16 +395,36 @@ class WebSocketListener:
 
     async def start(self) -> None:
         from websockets.asyncio.server import ServerConnection, serve
+        from websockets.protocol import State
 
-        from fluxpg.protocols.listener import ListenerError, handshake_limit
+        from fluxpg.protocols.listener import ListenerError, frame_limit, handshake_limit
+
+        frame_timeout = frame_limit(self.ctx)
 
         class _Accepted(ServerConnection):
             """Remembers when the TCP connection was accepted: the handshake deadline counts
-            from there (the WebSocket handshake and the MQTT CONNECT together)."""
+            from there (the WebSocket handshake and the MQTT CONNECT together). Shows the raw
+            bytes after the upgrade to an InboundWatch (frame deadline, inbound bytes)."""
 
             def __init__(self, *args: Any, **kwargs: Any):
                 super().__init__(*args, **kwargs)
                 self.accepted = asyncio.get_running_loop().time()
+                self.watch = InboundWatch(frame_timeout)
+
+            def connection_made(self, transport: Any) -> None:
+                super().connection_made(transport)
+                self.watch.transport = transport
+
+            def data_received(self, data: bytes) -> None:
+                # OPEN once the 101 is sent: from here on the bytes are frames (a client sends
+                # none before it has read the 101).
+                if self.protocol.state is State.OPEN:
+                    self.watch.feed(data)
+                super().data_received(data)
+
+            def connection_lost(self, exc: Exception | None) -> None:
+                self.watch.close()
+                super().connection_lost(exc)
 
         # bounds.handshake_timeout, absolute from accept: websockets' open_timeout bounds the
         # WebSocket handshake (HTTP upgrade request trickled or not), _handle the rest up to
@@ -274,7 +433,7 @@ class WebSocketListener:
         try:
             self.server = await serve(self._handle, self.host, self.port, ssl=self.ssl,
                                       subprotocols=list(SUBPROTOCOLS), select_subprotocol=_select,
-                                      max_size=MAX_MESSAGE, compression=None, ping_interval=None,
+                                      max_size=max_message(self.ctx), compression=None, ping_interval=None,
                                       open_timeout=limit or None, create_connection=_Accepted,
                                       reuse_port=self.reuse_port or None)
         except OSError as exc:
@@ -321,4 +480,4 @@ def _select(conn: Any, offered: Any) -> str | None:
     raise NegotiationError("MQTT over WebSocket needs the subprotocol 'mqtt'")
 
 
-__all__ = ["serve_mqtt", "MessageStream", "WebSocketListener", "SUBPROTOCOLS"]
+__all__ = ["serve_mqtt", "MessageStream", "WebSocketListener", "SUBPROTOCOLS", "InboundWatch", "max_message"]

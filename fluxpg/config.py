@@ -618,13 +618,15 @@ class BoundsConfig(_Strict):
     # Accept → login complete (AMQP 0-9-1 open-ok, AMQP 1.0 open, MQTT CONNACK), however the bytes
     # trickle in: measured from accept, never restarted by traffic.
     handshake_timeout: Duration = timedelta(seconds=10)
-    # Once the first byte of a frame/packet arrived, the whole frame/packet must arrive within this.
+    # Once the first byte of a frame/packet arrived, the whole frame/packet must arrive within this
+    # (MQTT over WebSocket: the WebSocket message too, followed beside the library: protocols/wsframes.py).
     frame_timeout: Duration = timedelta(seconds=30)
     # Sum of message bytes held for ONE connection before they are stored: partially received
     # bodies (AMQP 0-9-1 content across channels, AMQP 1.0 multi-frame transfers across links,
     # MQTT packet being read; above it the protocol's resource error before buffering more),
     # AMQP 0-9-1 transactions until commit (above it 406, the channel closes) and MQTT publishes
-    # until their commit (above it the socket is not read: TCP backpressure).
+    # until their commit (above it the socket is not read: TCP backpressure); over WebSocket also
+    # the bytes the WebSocket library holds before MQTT has them (above it, nothing committing: 0x97).
     connection_inbound_bytes: int = Field(64 * 2 ** 20, ge=0)
     # Unsent outbound bytes per connection (the transport's write buffer): deliveries stop (and
     # claiming pauses) above it until the client reads; nothing confirmed is dropped.

@@ -21,6 +21,7 @@ log = logging.getLogger("fluxpg.sequencer")
 BATCH = 5000        # messages appended per transaction
 POLL_MIN = 0.001    # seconds between polls while messages keep arriving
 POLL_MAX = 0.05     # ... and when idle
+BUSY_RATIO = 2.0    # while busy, pause this many times as long as the last round took
 
 
 class Sequencer:
@@ -44,16 +45,23 @@ class Sequencer:
         return total
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
         delay = POLL_MAX
         while True:
             await asyncio.sleep(delay)
+            started = loop.time()
             try:
                 moved = await self.run_once()
             except Exception as exc:  # noqa: BLE001 - a lost database: keep polling, say so
                 log.warning("appending outbox messages failed (retrying): %s", exc)
                 delay = POLL_MAX
                 continue
-            delay = POLL_MIN if moved else min(delay * 2, POLL_MAX)
+            # Busy: poll again soon, but never spend more than about a third of the time in
+            # rounds. When the machine is saturated a round takes longer, the pause grows with it
+            # and each round moves more messages (a round costs about the same for 1 or 100):
+            # measured on 2 loaded cores, polling every 1 ms took a quarter of the publishers'
+            # throughput in one-message rounds.
+            delay = max(POLL_MIN, BUSY_RATIO * (loop.time() - started)) if moved else min(delay * 2, POLL_MAX)
 
     async def close(self) -> None:
         await cancel_and_wait([self._task])

@@ -25,6 +25,7 @@ from fluxpg.protocols.amqp10.engine import ProtonEngine
 from fluxpg.protocols.amqp10.framegate import FrameGate
 from fluxpg.protocols.mqtt.codec import Decoder, encode
 from fluxpg.protocols.mqtt.reasons import MQTTError
+from fluxpg.protocols.wsframes import FrameScanner
 
 MAX_INPUT = 1024          # the bound applies to inputs under 1 KiB
 MAX_SECONDS = 0.005       # 5 ms per input
@@ -129,12 +130,34 @@ def _deliver10(payload: bytes, headers: dict) -> None:
     out.encode()
 
 
-TARGETS: dict[str, Callable[[bytes], Callable[[], None] | None]] = {"mqtt": mqtt, "amqp091": amqp091, "amqp10": amqp10}
+# --------------------------------------------------------------------------- WebSocket frames
+
+
+def wsframes(data: bytes) -> None:
+    """The WebSocket frame scanner that follows a client's raw bytes beside the WebSocket library
+    (MQTT over WebSocket): fed in chunks of a size the first byte picks, the library taking each
+    whole message. It must never raise, and its counts must stay consistent."""
+    if not data:
+        return
+    chunk = 1 + data[0] % 64
+    scanner = FrameScanner()
+    body = data[1:]
+    for i in range(0, len(body), chunk):
+        scanner.feed(body[i:i + chunk])
+        while scanner.waiting:
+            assert scanner.take() >= 0
+        assert scanner.held >= 0
+    assert scanner.held <= len(body)
+
+
+TARGETS: dict[str, Callable[[bytes], Callable[[], None] | None]] = {
+    "mqtt": mqtt, "amqp091": amqp091, "amqp10": amqp10, "wsframes": wsframes}
 # The errors each codec is allowed to raise (its own protocol errors).
 EXPECTED: dict[str, tuple[type[BaseException], ...]] = {
     "mqtt": (MQTTError,),
     "amqp091": (framing.FrameError,),
     "amqp10": (prescan.DecodeLimitError, amqp10_messages.MessageError),
+    "wsframes": (),
 }
 
 

@@ -193,3 +193,54 @@ def test_will_of_a_connection_lost_with_a_killed_broker_is_published_after_resta
         again.close()
     finally:
         broker.close()
+
+
+def test_a_qos2_publish_leaves_only_after_its_packet_id_is_stored(threaded_broker, dsn):
+    """Exactly once across a crash: a QoS 2 message to a stored session goes out only once its
+    packet id is committed, so a broker killed right after sending resends it under the same id
+    (the client recognises it) instead of a new one (a second message to a client that delivers
+    on PUBLISH). The session store's commits are held back here: nothing is sent meanwhile; QoS 1
+    is not held; once the commit is through, the message arrives with the stored id."""
+    import asyncio
+
+    srv = threaded_broker()
+    cid = uid("exact")
+    topic = f"exact/{uid()}"
+    sub = persistent(V5, cid, srv.port("mqtt"))     # the router exists from the first connection
+    sub.subscribe(f"{topic}/#", qos=2)
+    store = srv.server.ctx.state["mqtt.router"].store
+    gate = asyncio.Event()
+    apply = store._apply
+
+    async def gated(batch):
+        # What comes before the first packet-id commit goes through (the row itself, which the
+        # publisher's PUBREC waits for); the packet-id commits wait for the gate.
+        first = next((i for i, (op, _a, _f) in enumerate(batch) if op in ("msg_stage", "log_take")), None)
+        if first is None:
+            return await apply(batch)
+        if first:
+            await apply(batch[:first])
+            for _op, _args, fut in batch[:first]:
+                if fut is not None and not fut.done():
+                    fut.set_result(None)
+        await gate.wait()
+        return await apply(batch[first:])
+
+    store._apply = gated
+    try:
+        pub = Paho(srv.port("mqtt"))
+        pub.publish(f"{topic}/two", b"exactly-once", qos=2)
+        sub.nothing(1.0)
+        assert stored(dsn, "SELECT count(*) FROM fluxpg.mqtt_session_messages WHERE client_id = $1 "
+                           "AND packet_id IS NULL", cid) == 1
+        srv.loop.call_soon_threadsafe(gate.set)
+        m = sub.get()
+        assert m.payload == b"exactly-once" and m.qos == 2
+        # The QoS 2 flow completes (the row goes) and nothing comes twice.
+        wait_until(lambda: stored(dsn, "SELECT count(*) FROM fluxpg.mqtt_session_messages WHERE client_id = $1", cid) == 0)
+        sub.nothing(0.5)
+        sub.close()
+        pub.close()
+    finally:
+        store._apply = apply
+        srv.loop.call_soon_threadsafe(gate.set)

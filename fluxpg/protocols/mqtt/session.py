@@ -194,6 +194,8 @@ class Session:
         self.subs: dict = {}                       # topic filter → SubOptions (router's index)
         self.queue_subs: dict[str, QueueSub] = {}
         self.inflight: dict[int, Outgoing] = {}    # insertion order = send order (resend order)
+        # QoS 2 messages in flight whose packet ids are being committed, not sent yet (_send_new).
+        self._unsent_qos2: deque[tuple[asyncio.Future, Outgoing]] = deque()
         self.outbox: deque[Outgoing] = deque()
         self.inbound_qos2: set[int] = set()
         self.conn: Connection | None = None
@@ -242,10 +244,11 @@ class Session:
                             out.retain, props_to_json(msg.props), _ts(msg.expires_at), out.sub_ids or None,
                             wait=wait)
 
-    def _store(self, op: str, *args: Any) -> None:
+    def _store(self, op: str, *args: Any, wait: bool = False) -> asyncio.Future | None:
         store = self.router.store if self.stored else None
         if store is not None:
-            store.submit(op, self.client_id, *args)
+            return store.submit(op, self.client_id, *args, wait=wait)
+        return None
 
     # --- the shared offline log ----------------------------------------------------------------
 
@@ -392,16 +395,18 @@ class Session:
             self.outbox.append(out)
         self.outbox.extend(newer)
 
-    def _take(self, out: Outgoing, stage: int, pid: int | None = None) -> None:
+    def _take(self, out: Outgoing, stage: int, pid: int | None = None, wait: bool = False) -> asyncio.Future | None:
         """A replayed message becomes a row of fluxpg.mqtt_session_messages, and its range's cursor
         moves past it, in one statement."""
         range_id, seq = out.log
         out.key = self.next_key
         self.next_key += 1
         msg = out.msg
-        self._store("log_take", out.key, pid, stage, msg.topic, msg.payload, out.qos, out.retain,
-                    props_to_json(msg.props), _ts(msg.expires_at), out.sub_ids or None, range_id, seq)
+        fut = self._store("log_take", out.key, pid, stage, msg.topic, msg.payload, out.qos, out.retain,
+                          props_to_json(msg.props), _ts(msg.expires_at), out.sub_ids or None, range_id, seq,
+                          wait=wait)
         self._replayed()
+        return fut
 
     def _replayed(self) -> None:
         self.replay_left -= 1
@@ -502,14 +507,40 @@ class Session:
     def _send_new(self, out: Outgoing) -> None:
         out.pid = self._alloc_pid()
         self.inflight[out.pid] = out
+        # QoS 2 of a stored session: the packet id is committed before the PUBLISH leaves. A
+        # broker killed in between would otherwise send it again after the restart under a new
+        # packet id, which a client that delivers on PUBLISH (method A) takes as a second message:
+        # exactly once needs the resend to carry the id the client saw (§4.3.3, §4.4).
+        exact = out.qos == 2
+        fut = None
         if out.key:
-            self._store("msg_stage", out.key, out.pid, 1)
+            fut = self._store("msg_stage", out.key, out.pid, 1, wait=exact)
         elif out.log is not None:
-            self._take(out, 1, out.pid)
+            fut = self._take(out, 1, out.pid, wait=exact)
+        if fut is not None:
+            self._unsent_qos2.append((fut, out))
+            fut.add_done_callback(self._send_committed_qos2)
+            return
+        self._publish(out)
+
+    def _publish(self, out: Outgoing) -> None:
         if not self.conn.send_publish(out):
             # Expired or too large for the client: treated as delivered (§3.1.2.25).
             self.inflight.pop(out.pid, None)
             self.completed(out)
+
+    def _send_committed_qos2(self, _fut: asyncio.Future) -> None:
+        """Send the QoS 2 messages whose packet ids are committed, in the order they were taken
+        (the writer commits in order; the queue keeps it so whatever the callbacks' order)."""
+        while self._unsent_qos2 and self._unsent_qos2[0][0].done():
+            fut, out = self._unsent_qos2.popleft()
+            if not fut.cancelled() and fut.exception() is not None:
+                log.warning("MQTT %s: storing packet id %s failed (%s); sending it anyway",
+                            self.client_id, out.pid, fut.exception())
+            conn = self.conn
+            if conn is None or conn.closing or self.inflight.get(out.pid) is not out:
+                continue    # in flight with its stored id: resent when the session reconnects
+            self._publish(out)
 
     def pump(self) -> None:
         conn = self.conn

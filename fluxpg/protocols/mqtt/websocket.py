@@ -434,6 +434,11 @@ class WebSocketListener:
             self.server = await serve(self._handle, self.host, self.port, ssl=self.ssl,
                                       subprotocols=list(SUBPROTOCOLS), select_subprotocol=_select,
                                       max_size=max_message(self.ctx), compression=None, ping_interval=None,
+                                      # Read ahead at most one frame beyond the one MQTT is taking
+                                      # (websockets' default buffers 16, each up to max_size: what
+                                      # the inbound bound charges but cannot stop while publishes
+                                      # are committing).
+                                      max_queue=1,
                                       open_timeout=limit or None, create_connection=_Accepted,
                                       reuse_port=self.reuse_port or None)
         except OSError as exc:

@@ -48,7 +48,7 @@ class RawClient:
     def raw(self, data: bytes) -> None:
         self.writer.write(data)
 
-    async def frame(self, timeout: float = 5.0) -> framing.Frame | None:
+    async def frame(self, timeout: float = 20.0) -> framing.Frame | None:  # generous: a loaded CI machine
         while not self.frames:
             data = await asyncio.wait_for(self.reader.read(65536), timeout)
             if not data:
@@ -56,7 +56,7 @@ class RawClient:
             self.frames += self.decoder.feed(data)
         return self.frames.pop(0)
 
-    async def method(self, timeout: float = 5.0):
+    async def method(self, timeout: float = 20.0):
         while True:
             f = await self.frame(timeout)
             if f is None:

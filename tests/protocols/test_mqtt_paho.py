@@ -239,16 +239,19 @@ def test_will_delay_cancelled_by_reconnect(server):
     watcher = Paho(port)
     watcher.subscribe(topic, qos=1)
     cid = uid()
-    wprops = PahoProps(PacketTypes.WILLMESSAGE)
-    wprops.WillDelayInterval = 1
+    # 3 s: the reconnect must land within the delay even on a loaded CI machine (1 s did not).
+    slow = PahoProps(PacketTypes.WILLMESSAGE)
+    slow.WillDelayInterval = 3
     cprops = PahoProps(PacketTypes.CONNECT)
     cprops.SessionExpiryInterval = 60
     c = Paho(port, cid, clean=False, props=cprops,
-             will={"topic": topic, "payload": b"late", "qos": 1, "properties": wprops})
+             will={"topic": topic, "payload": b"late", "qos": 1, "properties": slow})
     c.close(clean=False)
     again = Paho(port, cid, clean=False, props=cprops)   # back within the delay: no will
-    watcher.nothing(1.2)
+    watcher.nothing(3.3)
     again.close(clean=False)   # no will this time (the new connection set none)
+    wprops = PahoProps(PacketTypes.WILLMESSAGE)
+    wprops.WillDelayInterval = 1
     c2 = Paho(port, uid(), props=cprops, will={"topic": topic, "payload": b"delayed", "qos": 1,
                                                   "properties": wprops})
     t0 = time.monotonic()

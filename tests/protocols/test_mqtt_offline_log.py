@@ -285,3 +285,29 @@ def test_a_dormant_session_does_not_hold_back_rows_it_does_not_match(threaded_br
     wait_until(lambda: stored(dsn, "SELECT count(*) FROM fluxpg.mqtt_offline_log WHERE topic = $1", topic) == 0, 30)
     pub.close()
     forget(dsn, [dormant, active])
+
+
+def test_a_v5_reconnect_with_session_expiry_0_still_gets_what_was_queued(threaded_broker, dsn):
+    """MQTT 5 "resume, then end": the CONNECT resumes the session (clean start 0) but sets no
+    session expiry, so the session ends at this connection's close. What was queued for it while
+    it was offline is still delivered (it was dropped: Paho's test_offline_message_queueing and
+    test_publication_expiry got nothing), and the session's rows go when it ends."""
+    srv = threaded_broker()
+    port = srv.port("mqtt")
+    cid = uid("resume0")
+    topic = f"r0/{uid()}"
+    sub = persistent(V5, cid, port)
+    sub.subscribe(f"{topic}/+", qos=2)
+    sub.close()
+    wait_offline(srv, cid)
+    pub = Paho(port)
+    pub.publish(f"{topic}/one", b"qos 1", qos=1)
+    pub.publish(f"{topic}/two", b"qos 2", qos=2)
+    pub.close()
+    again = Paho(port, cid, version=V5, clean=False)      # no SessionExpiryInterval: 0
+    assert again.connack_flags.session_present
+    got = [again.get() for _ in range(2)]
+    assert [(m.payload, m.qos) for m in got] == [(b"qos 1", 1), (b"qos 2", 2)]
+    again.nothing(0.5)
+    again.close()
+    wait_until(lambda: stored(dsn, "SELECT count(*) FROM fluxpg.mqtt_sessions WHERE client_id = $1", cid) == 0)

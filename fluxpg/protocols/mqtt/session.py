@@ -335,7 +335,9 @@ class Session:
         log holds for it in the outbox -- after the stored rows (older), before what arrived
         since (newer) -- keeping the newest up to the bound. Rows are written as the messages
         are sent."""
-        store = self.store
+        # What was stored while the session was persistent is delivered even when this CONNECT
+        # sets the expiry to 0 (MQTT 5 "resume, then end"): self.store follows the new expiry.
+        store = self.router.store if self.stored else None
         if store is None:
             return
         held_before = len(self.outbox)
@@ -1079,7 +1081,7 @@ class Connection:
         if present:
             for out in list(sess.inflight.values()):
                 self.resend(out)
-            if sess.store is not None:
+            if sess.stored and router.store is not None:
                 sess.replaying = True
                 try:
                     await sess.replay(closed)

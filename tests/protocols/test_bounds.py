@@ -17,6 +17,7 @@ from pamqp import frame as pframe
 
 from fluxpg.config import BoundsConfig, Config
 from fluxpg.protocols.mqtt.codec import Connect, Publish, encode
+from tests.ws_frames import client_frame
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -90,9 +91,7 @@ def test_handshake_deadline_is_absolute(threaded_broker, protocol):
 
 def _ws_frame(payload: bytes) -> bytes:
     """One binary WebSocket frame as a client sends it (masked)."""
-    assert len(payload) < 126
-    mask = b"\x01\x02\x03\x04"
-    return bytes([0x82, 0x80 | len(payload)]) + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+    return client_frame(payload)
 
 
 WS_UPGRADE = ("GET /mqtt HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
@@ -529,15 +528,7 @@ def test_amqp091_transactional_publishes_are_charged_until_commit(threaded_broke
 def _ws_frame_any(payload: bytes, fin: bool = True) -> bytes:
     """A binary WebSocket frame of any size as a client sends it (masked with a zero key, so the
     payload goes out as is)."""
-    n = len(payload)
-    first = bytes([(0x80 if fin else 0) | 0x02])
-    if n < 126:
-        head = first + bytes([0x80 | n])
-    elif n < 65536:
-        head = first + bytes([0x80 | 126]) + struct.pack(">H", n)
-    else:
-        head = first + bytes([0x80 | 127]) + struct.pack(">Q", n)
-    return head + b"\x00\x00\x00\x00" + payload
+    return client_frame(payload, fin=fin, mask=b"\x00\x00\x00\x00")
 
 
 def _ws_mqtt_session(srv, listener: str, client_id: str) -> socket.socket:

@@ -3,21 +3,12 @@ bytes however they are split, so the frame deadline and the inbound byte count m
 WebSocket library holds."""
 from __future__ import annotations
 
-import struct
-
 from fluxpg.protocols.wsframes import FrameScanner
+from tests.ws_frames import client_frame
 
 
 def frame(payload: bytes, opcode: int = 0x2, fin: bool = True) -> bytes:
-    n = len(payload)
-    first = bytes([(0x80 if fin else 0) | opcode])
-    if n < 126:
-        head = first + bytes([0x80 | n])
-    elif n < 65536:
-        head = first + bytes([0x80 | 126]) + struct.pack(">H", n)
-    else:
-        head = first + bytes([0x80 | 127]) + struct.pack(">Q", n)
-    return head + b"\x01\x02\x03\x04" + payload
+    return client_frame(payload, opcode, fin)
 
 
 def feed_split(scanner: FrameScanner, data: bytes, step: int) -> None:

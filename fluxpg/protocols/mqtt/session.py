@@ -1079,8 +1079,10 @@ class Connection:
         closed = sess.close_log()
         log.debug("MQTT %s connected (v%s, session %s)", client_id, self.version, "resumed" if present else "new")
         if present:
+            unsent = {id(o) for _f, o in sess._unsent_qos2}   # sent by _send_committed_qos2 once committed
             for out in list(sess.inflight.values()):
-                self.resend(out)
+                if id(out) not in unsent:
+                    self.resend(out)
             if sess.stored and router.store is not None:
                 sess.replaying = True
                 try:

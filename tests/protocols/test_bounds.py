@@ -89,6 +89,16 @@ def test_handshake_deadline_is_absolute(threaded_broker, protocol):
     assert 1.2 <= took < 6, took
 
 
+def _read_http_head(sock: socket.socket, closed_message: str) -> bytes:
+    """Bytes up to the end of an HTTP response head (and whatever came with it)."""
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        chunk = sock.recv(4096)
+        assert chunk, closed_message
+        answer += chunk
+    return answer
+
+
 def _ws_frame(payload: bytes) -> bytes:
     """One binary WebSocket frame as a client sends it (masked)."""
     return client_frame(payload)
@@ -130,11 +140,7 @@ def test_http_keep_alive_outlives_the_handshake_deadline(threaded_broker):
         request = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
         for _ in range(2):
             sock.sendall(request)
-            answer = b""
-            while b"\r\n\r\n" not in answer:
-                chunk = sock.recv(4096)
-                assert chunk, "closed"
-                answer += chunk
+            answer = _read_http_head(sock, "closed")
             assert answer.startswith(b"HTTP/1.1 200"), answer
             time.sleep(1.5)
 
@@ -536,11 +542,7 @@ def _ws_mqtt_session(srv, listener: str, client_id: str) -> socket.socket:
     sock = _connect(srv, listener)
     sock.settimeout(10)
     sock.sendall(WS_UPGRADE)
-    answer = b""
-    while b"\r\n\r\n" not in answer:
-        chunk = sock.recv(4096)
-        assert chunk, "closed during the upgrade"
-        answer += chunk
+    answer = _read_http_head(sock, "closed during the upgrade")
     assert answer.startswith(b"HTTP/1.1 101"), answer
     rest = answer.split(b"\r\n\r\n", 1)[1]
     sock.sendall(_ws_frame(encode(Connect(client_id=client_id, keep_alive=60), 5)))

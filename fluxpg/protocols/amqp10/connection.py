@@ -60,7 +60,7 @@ from fluxpg.delivery import Delivery
 from fluxpg.protocols.errors import ERRORS, reply_for
 from fluxpg.protocols.settle import Settler
 from fluxpg.errors import FluxError, InvalidArgument, UnknownQueue
-from fluxpg.selectors import selector_jsonpath
+from fluxpg.selectors import SelectorError
 from fluxpg.topics import (DLQ_PREFIX, QUEUE_PREFIX, is_queue_topic, parse_queue_topic,
                            split_queue_subscription, validate_queue_name, validate_topic_filter,
                            validate_topic_name)
@@ -612,11 +612,7 @@ class AmqpConnection:
             applied_filters[filter_key] = filter_value
         selector, selector_key, selector_value = _selector_filter(remote)
         if selector is not None:
-            try:
-                selector_jsonpath(selector)
-            except InvalidArgument as exc:
-                raise Refused("amqp:invalid-field", str(exc)) from None
-            applied_filters[selector_key] = selector_value
+            applied_filters[selector_key] = selector_value   # compiled (and refused) by subscribe
         props = _properties(link.remote_properties)
         conn = link.connection
         # Receivers that name no group share the queue's default group (the queue name, as
@@ -643,6 +639,8 @@ class AmqpConnection:
                 queue, str(group), consumer_name, on_delivery=lambda d: self._deliver(consumer, d),
                 filter=topic_filter, position=position, auto_commit=auto_commit, credit=0,
                 on_error=lambda exc: self._on_subscription_error(consumer, exc), selector=selector)
+        except SelectorError as exc:
+            raise Refused("amqp:invalid-field", str(exc)) from None
         except ValueError as exc:  # a malformed cursor (stream.normalize_position)
             raise Refused("amqp:invalid-field", f"cursor: {exc}") from None
         consumer.sub = sub

@@ -244,8 +244,20 @@ class Session:
                             out.retain, props_to_json(msg.props), _ts(msg.expires_at), out.sub_ids or None,
                             wait=wait)
 
+    @property
+    def state_store(self) -> Any:
+        """The session store while the session has stored state (whatever its expiry now: what
+        was stored is delivered and cleaned up through it), else None. Compare `store`."""
+        return self.router.store if self.stored else None
+
+    def resendable(self) -> list[Outgoing]:
+        """Messages in flight to resend on a reconnect, in send order: not the QoS 2 ones whose
+        packet ids are still being committed (_send_committed_qos2 sends those)."""
+        unsent = {id(o) for _f, o in self._unsent_qos2}
+        return [o for o in self.inflight.values() if id(o) not in unsent]
+
     def _store(self, op: str, *args: Any, wait: bool = False) -> asyncio.Future | None:
-        store = self.router.store if self.stored else None
+        store = self.state_store
         if store is not None:
             return store.submit(op, self.client_id, *args, wait=wait)
         return None
@@ -337,7 +349,7 @@ class Session:
         are sent."""
         # What was stored while the session was persistent is delivered even when this CONNECT
         # sets the expiry to 0 (MQTT 5 "resume, then end"): self.store follows the new expiry.
-        store = self.router.store if self.stored else None
+        store = self.state_store
         if store is None:
             return
         held_before = len(self.outbox)
@@ -1079,11 +1091,9 @@ class Connection:
         closed = sess.close_log()
         log.debug("MQTT %s connected (v%s, session %s)", client_id, self.version, "resumed" if present else "new")
         if present:
-            unsent = {id(o) for _f, o in sess._unsent_qos2}   # sent by _send_committed_qos2 once committed
-            for out in list(sess.inflight.values()):
-                if id(out) not in unsent:
-                    self.resend(out)
-            if sess.stored and router.store is not None:
+            for out in sess.resendable():
+                self.resend(out)
+            if sess.state_store is not None:
                 sess.replaying = True
                 try:
                     await sess.replay(closed)

@@ -1147,6 +1147,15 @@ BEGIN
             FROM fluxpg.heads h WHERE h.queue_id = q.id AND h.partition = part);
 END $$;
 
+-- Redriven offsets of a queue partition at or above a floor: they left the queue (fluxpg.redrive),
+-- so its depth does not count them. plpgsql for the same reason as _has_redriven.
+CREATE OR REPLACE FUNCTION fluxpg._redriven_since(qid int, part int, floor bigint) RETURNS bigint
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+  IF to_regclass('fluxpg.redriven') IS NULL THEN RETURN 0; END IF;
+  RETURN (SELECT count(*) FROM fluxpg.redriven r WHERE r.queue_id = qid AND r.partition = part AND r.seq >= floor);
+END $$;
+
 -- Move dead letters back to the queue they came from, as new messages (redrive). Which ones:
 -- `offsets`, or every offset in [from_offset, to_offset) (NULL ends: all). Only messages still in
 -- the DLQ count: retained, not acknowledged by every group of the DLQ, not pending (a DLQ

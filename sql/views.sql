@@ -60,10 +60,9 @@ END $$;
 CREATE OR REPLACE VIEW fluxpg.queue_stats AS
 SELECT q.name AS queue, CASE WHEN q.durability = 'transient' THEN 'transient' ELSE q.kind END AS kind, q.partitions,
        sum(h.next_seq)::bigint AS head,
-       sum(h.next_seq - CASE WHEN q.kind = 'classic'
-                             THEN greatest(h.first_seq, coalesce((SELECT min(gp.committed) FROM fluxpg._group_progress gp
-                                                                   WHERE gp.queue_id = q.id AND gp.partition = h.partition), h.first_seq))
-                             ELSE h.first_seq END)::bigint AS depth,
+       sum(CASE WHEN q.kind = 'classic'
+                THEN h.next_seq - fl.floor - fluxpg._redriven_since(q.id, h.partition, fl.floor)
+                ELSE h.next_seq - h.first_seq END)::bigint AS depth,
        CASE WHEN q.durability = 'transient' THEN sum(h.bytes)
             ELSE (SELECT coalesce(sum(pg_total_relation_size(sl.segment)), 0) FROM fluxpg._segment_list sl WHERE sl.queue_id = q.id)
        END::bigint AS bytes,
@@ -78,9 +77,13 @@ SELECT q.name AS queue, CASE WHEN q.durability = 'transient' THEN 'transient' EL
        (SELECT count(*) FROM fluxpg.members m JOIN fluxpg.groups g ON g.id = m.group_id
          WHERE g.queue_id = q.id AND m.last_seen_at > now() - interval '1 minute')::int AS consumers
   FROM fluxpg.queues q JOIN fluxpg.heads h ON h.queue_id = q.id
+  -- A classic queue's messages below the slowest group's committed offset are gone for every group.
+ CROSS JOIN LATERAL (SELECT greatest(h.first_seq, coalesce((SELECT min(gp.committed) FROM fluxpg._group_progress gp
+                                                            WHERE gp.queue_id = q.id AND gp.partition = h.partition),
+                                                           h.first_seq)) AS floor) fl
  GROUP BY q.id
  ORDER BY q.name;
-COMMENT ON VIEW fluxpg.queue_stats IS 'Per queue: kind (classic, stream, transient), head (messages ever appended), depth (classic and transient: waiting for the slowest group; stream: retained), bytes, segments, oldest retained message time, groups; outbox: messages of committed fluxpg.publish transactions waiting for the sequencer; staging_transactions / oldest_staging_age: open transactions that published to it and have not committed yet; consumers: seen in the last minute';
+COMMENT ON VIEW fluxpg.queue_stats IS 'Per queue: kind (classic, stream, transient), head (messages ever appended), depth (classic and transient: waiting for the slowest group, dead letters redriven out of a DLQ not counted; stream: retained), bytes, segments, oldest retained message time, groups; outbox: messages of committed fluxpg.publish transactions waiting for the sequencer; staging_transactions / oldest_staging_age: open transactions that published to it and have not committed yet; consumers: seen in the last minute';
 
 CREATE OR REPLACE VIEW fluxpg.group_status AS
 SELECT q.name AS queue, gp.name AS grp, gp.mode, gp.partition, gp.cursor, gp.committed,

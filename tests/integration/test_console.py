@@ -153,7 +153,6 @@ async def test_console_end_to_end_on_two_nodes(cluster, browser, qname, tmp_path
         assert offsets == ["0", "1", "2"]
         payloads = await page.locator("tr.message pre.payload").all_inner_texts()
         assert payloads == [f'{{\n  "order": {i}\n}}' for i in range(3)]
-        await page.screenshot(path=str(shots / "queue.png"), full_page=True)
 
         # A real client dead-letters message 1 (acks the others).
         q = await ch.get_queue(qname, ensure=False)
@@ -196,6 +195,10 @@ async def test_console_end_to_end_on_two_nodes(cluster, browser, qname, tmp_path
                 break
             await asyncio.sleep(0.1)
         assert seen[3] == b'{"order": 1}'
+        # The queue page while the consumer is attached: its group, and the redriven copy at offset 3.
+        await page.goto(f"{base}/queue?name={qname}")
+        assert await page.locator("tr.message").count() == 4
+        await page.screenshot(path=str(shots / "queue.png"), full_page=True)
         await q.cancel(tag)
 
         # The overview's rate chart has samples by now (every 0.5 s here).

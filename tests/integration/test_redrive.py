@@ -51,6 +51,8 @@ async def test_redrive_offsets_then_all(conn, qname):
     await dead_letter(conn, qname, 5, reject=[0, 2, 4])
     dlq = f"$dlq/{qname}"
     assert [p for _, p in await live_dlq(conn, dlq)] == [b"m0", b"m2", b"m4"]
+    depth = "SELECT depth FROM fluxpg.queue_stats WHERE queue = $1"
+    assert await conn.fetchval(depth, dlq) == 3
 
     assert await conn.fetchval("SELECT fluxpg.redrive($1, dry_run => true)", dlq) == 3
     assert len(await live_dlq(conn, dlq)) == 3            # a dry run moves nothing
@@ -58,6 +60,7 @@ async def test_redrive_offsets_then_all(conn, qname):
     assert await conn.fetchval("SELECT fluxpg.redrive($1, ARRAY[1]::bigint[])", dlq) == 1   # m2
     assert await conn.fetchval("SELECT fluxpg.redrive($1, ARRAY[1]::bigint[])", dlq) == 0   # once only
     assert [p for _, p in await live_dlq(conn, dlq)] == [b"m0", b"m4"]
+    assert await conn.fetchval(depth, dlq) == 2            # a redriven message left the DLQ's depth
 
     # Back in the original queue as a new message (offset 5), original topic, headers saying where
     # it came from; the group that rejected it gets it again.
@@ -70,6 +73,7 @@ async def test_redrive_offsets_then_all(conn, qname):
 
     assert await conn.fetchval("SELECT fluxpg.redrive($1)", dlq) == 2
     assert await live_dlq(conn, dlq) == []
+    assert await conn.fetchval(depth, dlq) == 0
     rows = await conn.fetch("SELECT seq, payload FROM fluxpg.claim($1, 'g', 'c1', 10)", qname)
     assert [(r["seq"], bytes(r["payload"])) for r in rows] == [(6, b"m0"), (7, b"m4")]
     moved = await conn.fetch("""SELECT r.seq, r.to_seq FROM fluxpg.redriven r JOIN fluxpg.queues q ON q.id = r.queue_id

@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue as queue_module
 import shutil
 import signal
 import socket
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -323,11 +325,26 @@ def test_tail_reads_without_consuming(dsn, queue):
 def test_tail_follow_prints_new_messages_until_sigint(dsn, queue):
     proc = subprocess.Popen([*CLI, "tail", queue, "--from", "last", "--follow", "--dsn", dsn],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env())
+    lines: "queue.Queue[str]" = queue_module.Queue()
+    threading.Thread(target=lambda: [lines.put(l.decode()) for l in iter(proc.stdout.readline, b"")],
+                     daemon=True).start()
     try:
-        time.sleep(1.5)  # let it start listening; a message before that is found by the poll anyway
-        sql(dsn, "SELECT * FROM fluxpg.append(%s, 'live', NULL)", f"$queue/{queue}/eu")
-        line = proc.stdout.readline().decode()
-        assert line.split("\t")[0] == "3" and line.rstrip("\n").endswith("\tlive")
+        # "last" is the head when tail has connected, which a loaded machine may delay past any
+        # fixed sleep: a message appended before that is history, not followed. So append until
+        # one is printed; every line after that is a later message, in offset order.
+        line = None
+        for i in range(30):
+            sql(dsn, "SELECT * FROM fluxpg.append(%s, %s, NULL)", f"$queue/{queue}/eu", f"live{i}".encode())
+            with contextlib.suppress(queue_module.Empty):
+                line = lines.get(timeout=1)
+                break
+        assert line is not None, proc.stderr.read1().decode() if proc.poll() is not None else "nothing printed"
+        first = int(line.split("\t")[0])
+        assert first >= 3 and line.rstrip("\n").endswith(f"\tlive{first - 3}")
+        sql(dsn, "SELECT * FROM fluxpg.append(%s, 'one more', NULL)", f"$queue/{queue}/eu")
+        later = [lines.get(timeout=20) for _ in range(i - (first - 3) + 1)]
+        assert [int(l.split("\t")[0]) for l in later] == list(range(first + 1, first + 1 + len(later)))
+        assert later[-1].rstrip("\n").endswith("\tone more")
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=20) == 0
     finally:

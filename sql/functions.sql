@@ -766,7 +766,8 @@ END $$;
 -- input row's (ordinal, queue, partition, seq). Heads are locked in (queue_id, partition) order,
 -- so concurrent batches never deadlock and appends to one partition commit in seq order.
 -- keys[i] (optional) picks the partition of a partitioned queue by hash; without one the
--- routing key does, and without that a round robin. One NOTIFY per call.
+-- routing key does, and without that a round robin. One NOTIFY per call (its payload ends in the
+-- transaction-local fluxpg.notify_tag, set only by fluxpg.append_claim).
 CREATE OR REPLACE FUNCTION fluxpg.append_batch(queue_ids int[], topics text[], payloads bytea[],
                                                headers jsonb[] DEFAULT NULL, keys text[] DEFAULT NULL)
 RETURNS TABLE (ord int, queue_id int, partition int, seq bigint)
@@ -815,7 +816,7 @@ BEGIN
         FROM unnest(topics, payloads, coalesce(headers, array_fill(NULL::jsonb, ARRAY[n])))
              WITH ORDINALITY AS u(t, pl, h, i);
       RETURN QUERY SELECT i, q.id, 0, first + i - 1 FROM generate_series(1, n) AS i;
-      PERFORM pg_notify('fluxpg_log', q.id::text);
+      PERFORM pg_notify('fluxpg_log', q.id::text || coalesce(current_setting('fluxpg.notify_tag', true), ''));
       RETURN;
     END IF;
   END IF;
@@ -871,7 +872,8 @@ BEGIN
   )
   SELECT rows.i, rows.qid, rows.p, rows.s FROM rows ORDER BY rows.i;
 
-  PERFORM pg_notify('fluxpg_log', array_to_string(ARRAY(SELECT DISTINCT x FROM unnest(res_q) x ORDER BY 1), ','));
+  PERFORM pg_notify('fluxpg_log', array_to_string(ARRAY(SELECT DISTINCT x FROM unnest(res_q) x ORDER BY 1), ',')
+                                  || coalesce(current_setting('fluxpg.notify_tag', true), ''));
 END $$;
 COMMENT ON FUNCTION fluxpg.append_batch(int[], text[], bytea[], jsonb[], text[]) IS 'Group-commit append of many messages to many queues in one transaction (used by the broker)';
 
@@ -1494,6 +1496,51 @@ BEGIN
   PERFORM fluxpg._touch_member(g.id, consumer);
 END $$;
 COMMENT ON FUNCTION fluxpg.claim(text, text, text, int, jsonpath) IS 'Classic queues: up to n messages for a consumer, redeliveries first, then new ones from the group cursor; with a selector (jsonpath over headers) only the messages it selects, the others left due for the group''s other consumers';
+
+-- Append a batch (fluxpg.append_batch) and, in the same transaction, claim for consumers of the
+-- calling broker node that wait for new messages (target i: c_queues[i], c_groups[i],
+-- c_consumers[i], up to c_n[i] messages, as fluxpg.claim). One commit then covers the publish
+-- and its delivery: the pending rows are written before anything is delivered, confirms and
+-- deliveries both follow the commit, and the consumer is spared the NOTIFY → claim round trip
+-- (and its transaction). A target is skipped, left to its own claim after the wake-up, rather
+-- than waited for: when its cursor row is locked (another consumer is claiming), when
+-- redeliveries are due (they go first and may dead-letter, which appends to another queue while
+-- this transaction holds heads), or when the queue dead-letters expired messages (same reason).
+-- So the append never waits on a lock a consumer holds. The member row is ensured before the
+-- cursor row is locked (the lock order above _ensure_member).
+-- Rows: the appended ones (target 0; ord, queue id, partition, seq as append_batch returns them),
+-- then the claimed ones (target i; seq and the message). The NOTIFY carries `@<node>` as its last
+-- element: the calling node wakes its own consumers itself, other nodes ignore the tag.
+CREATE OR REPLACE FUNCTION fluxpg.append_claim(queue_ids int[], topics text[], payloads bytea[], headers jsonb[],
+                                               keys text[], c_queues text[], c_groups text[], c_consumers text[],
+                                               c_n int[])
+RETURNS TABLE (r_target int, r_ord int, r_queue_id int, r_partition int, r_seq bigint, r_topic text,
+               r_payload bytea, r_headers jsonb, r_created_at timestamptz, r_delivery_count int)
+LANGUAGE plpgsql AS $$
+DECLARE
+  q fluxpg.queues;
+  g fluxpg.groups;
+BEGIN
+  PERFORM set_config('fluxpg.notify_tag', coalesce(',@' || nullif(current_setting('fluxpg.node_id', true), ''), ''), true);
+  RETURN QUERY SELECT 0, a.ord, a.queue_id, a.partition, a.seq, NULL::text, NULL::bytea, NULL::jsonb,
+                      NULL::timestamptz, NULL::int
+                 FROM fluxpg.append_batch(queue_ids, topics, payloads, headers, keys) a;
+  PERFORM set_config('fluxpg.notify_tag', '', true);
+  FOR i IN 1 .. coalesce(cardinality(c_queues), 0) LOOP
+    SELECT * INTO q FROM fluxpg.queues WHERE name = c_queues[i];
+    CONTINUE WHEN NOT FOUND OR q.kind <> 'classic' OR coalesce((q.settings #>> '{dlq,expired}')::boolean, false);
+    SELECT * INTO g FROM fluxpg.groups WHERE queue_id = q.id AND name = c_groups[i];
+    CONTINUE WHEN NOT FOUND;
+    CONTINUE WHEN EXISTS (SELECT 1 FROM fluxpg.pending p WHERE p.group_id = g.id AND p.visible_at <= now());
+    PERFORM fluxpg._ensure_member(g.id, c_consumers[i]);
+    PERFORM 1 FROM fluxpg.cursors c WHERE c.group_id = g.id AND c.partition = 0 FOR UPDATE SKIP LOCKED;
+    CONTINUE WHEN NOT FOUND;
+    RETURN QUERY SELECT i, NULL::int, q.id, d.partition, d.seq, d.topic, d.payload, d.headers, d.created_at,
+                        d.delivery_count
+                   FROM fluxpg.claim(c_queues[i], c_groups[i], c_consumers[i], c_n[i]) d;
+  END LOOP;
+END $$;
+COMMENT ON FUNCTION fluxpg.append_claim(int[], text[], bytea[], jsonb[], text[], text[], text[], text[], int[]) IS 'append_batch plus, in the same transaction, claims for the calling node''s waiting consumers (used by the broker; a target whose cursor is busy or that has redeliveries due is skipped)';
 
 CREATE OR REPLACE FUNCTION fluxpg.reclaim(queue text, grp text, consumer text, n int DEFAULT 100,
                                           after bigint DEFAULT NULL)

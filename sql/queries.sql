@@ -36,6 +36,11 @@ SELECT fluxpg.declare_queue($1, $2, $3::text[], $4::jsonb);
 SELECT ord, queue_id, partition, seq
   FROM fluxpg.append_batch($1::int[], $2::text[], $3::bytea[], $4::jsonb[], $5::text[]);
 
+-- name: append_claim
+SELECT r_target, r_ord, r_queue_id, r_partition, r_seq, r_topic, r_payload, r_headers, r_created_at, r_delivery_count
+  FROM fluxpg.append_claim($1::int[], $2::text[], $3::bytea[], $4::jsonb[], $5::text[], $6::text[], $7::text[],
+                           $8::text[], $9::int[]);
+
 -- name: sequence_staged
 -- Committed asynchronously: the sequencer only moves rows that are already durable (the outbox,
 -- committed by the application), and its delete from the outbox and append to the log commit or

@@ -8,6 +8,12 @@ publishes were handed in: a connection that publishes m1 then m2 sees seq(m1) < 
 
 A batch that fails (a full queue, an oversized message) is retried publish by publish, so one bad
 publish fails alone and the others still commit.
+
+Handoff: when consumers of this node wait for new messages of a queue in the batch, the batch
+claims for them in its own transaction (`fluxpg.append_claim`): one commit for the publish and its
+delivery instead of append + NOTIFY + claim, each a transaction and round trip (issue 17: the
+one-message-at-a-time path spent 3 transactions per message on it). Who waits, and what happens
+with the claimed messages after the commit, is the queue manager's business (the `Handoff` hooks).
 """
 from __future__ import annotations
 
@@ -15,7 +21,7 @@ import asyncio
 import logging
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import asyncpg
 
@@ -35,6 +41,25 @@ class AppendRow:
 
 
 @dataclass(slots=True)
+class ClaimTarget:
+    """A consumer to claim for inside an append's transaction (fluxpg.append_claim)."""
+    queue: str
+    group: str
+    consumer: str
+    n: int
+    token: Any = None        # the planner's own (which subscription, what it expects)
+
+
+class Handoff(Protocol):
+    def plan(self, queue_ids: set[int]) -> list[ClaimTarget]:
+        """Consumers waiting for new messages of these queues, now reserved for this batch."""
+
+    def done(self, queue_ids: set[int], targets: list[ClaimTarget], claimed: list[list[Any]] | None) -> None:
+        """After the batch: claimed[i] are the rows claimed for targets[i] (committed), or None
+        for every target when the batch failed (nothing was claimed)."""
+
+
+@dataclass(slots=True)
 class _Request:
     rows: list[AppendRow]
     future: asyncio.Future
@@ -44,22 +69,22 @@ async def append_rows(conn: asyncpg.Connection, rows: list[AppendRow]) -> list[t
     """One `fluxpg.append_batch` call on `conn` (in whatever transaction it is in): the append
     the group commit and transactions (queues/transactions.py) share. Returns (queue_id,
     partition, seq) per row, in order."""
-    records = await conn.fetch(
-        queries()["append_batch"],
-        [r.queue_id for r in rows],
-        [r.topic for r in rows],
-        [r.payload for r in rows],
-        # NULL instead of arrays of NULLs: nothing to encode for the common case.
-        [r.headers for r in rows] if any(r.headers for r in rows) else None,
-        [r.key for r in rows] if any(r.key is not None for r in rows) else None,
-    )
+    records = await conn.fetch(queries()["append_batch"], *_append_args(rows))
     # append_batch returns rows ordered by their 1-based ordinal
     return [(rec["queue_id"], rec["partition"], rec["seq"]) for rec in records]
 
 
+def _append_args(rows: list[AppendRow]) -> tuple:
+    return ([r.queue_id for r in rows], [r.topic for r in rows], [r.payload for r in rows],
+            # NULL instead of arrays of NULLs: nothing to encode for the common case.
+            [r.headers for r in rows] if any(r.headers for r in rows) else None,
+            [r.key for r in rows] if any(r.key is not None for r in rows) else None)
+
+
 class Appender:
-    def __init__(self, pool: asyncpg.Pool, *, max_batch_rows: int = 2000):
+    def __init__(self, pool: asyncpg.Pool, *, max_batch_rows: int = 2000, handoff: Handoff | None = None):
         self._pool = pool
+        self._handoff = handoff
         self._max_rows = max_batch_rows
         self._queue: deque[_Request] = deque()
         self._wake = asyncio.Event()
@@ -67,6 +92,7 @@ class Appender:
         self._closed = False
         self.batches = 0  # statistics: transactions committed
         self.rows = 0
+        self.handed = 0   # statistics: messages claimed inside an append's transaction (handoff)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="fluxpg-appender")
@@ -100,18 +126,22 @@ class Appender:
             if self._closed:
                 return
 
-    async def _commit(self, batch: list[_Request]) -> None:
+    async def _commit(self, batch: list[_Request], handoff: bool = True) -> None:
         live = [r for r in batch if not r.future.done()]
         if not live:
             return
         try:
-            results = await self._execute([row for r in live for row in r.rows])
+            results, handed = await self._execute([row for r in live for row in r.rows], handoff)
+        except _HandoffFailed:
+            # The claims may be what failed: the same batch again without them, then as below.
+            await self._commit(batch, handoff=False)
+            return
         except Exception as exc:  # noqa: BLE001 - every failure is reported to the publishers
             err = translate_error(exc)
             if len(live) > 1 and not isinstance(err, Unavailable):
                 # Find the publish that broke the batch: retry each alone.
                 for req in live:
-                    await self._commit([req])
+                    await self._commit([req], handoff=False)
                 return
             for req in live:
                 if not req.future.done():
@@ -123,13 +153,43 @@ class Appender:
             if not req.future.done():
                 req.future.set_result(results[i:i + k])
             i += k
+        if handed is not None:
+            handed()   # deliveries after the confirms: both only after the commit
 
-    async def _execute(self, rows: list[AppendRow]) -> list[tuple[int, int, int]]:
-        async with self._pool.acquire() as conn:
-            result = await append_rows(conn, rows)
+    async def _execute(self, rows: list[AppendRow], handoff: bool = True):
+        """The batch in one transaction: (queue_id, partition, seq) per row, and what to call after
+        the publishers were told (the handoff's deliveries), or None."""
+        queue_ids = {r.queue_id for r in rows}
+        targets = self._handoff.plan(queue_ids) if handoff and self._handoff is not None else []
+        if not targets:
+            async with self._pool.acquire() as conn:
+                result = await append_rows(conn, rows)
+            self.batches += 1
+            self.rows += len(rows)
+            return result, None
+        try:
+            async with self._pool.acquire() as conn:
+                records = await conn.fetch(queries()["append_claim"], *_append_args(rows),
+                                           [t.queue for t in targets], [t.group for t in targets],
+                                           [t.consumer for t in targets], [t.n for t in targets])
+        except Exception as exc:  # noqa: BLE001 - retried without the handoff by _commit
+            self._handoff.done(queue_ids, targets, None)
+            raise _HandoffFailed() from exc
+        except BaseException:
+            self._handoff.done(queue_ids, targets, None)
+            raise
         self.batches += 1
         self.rows += len(rows)
-        return result
+        result: list[tuple[int, int, int]] = []
+        claimed: list[list[Any]] = [[] for _ in targets]
+        for rec in records:   # appended rows first, in ordinal order, then each target's claim
+            target = rec[0]
+            if target == 0:
+                result.append((rec[2], rec[3], rec[4]))
+            else:
+                claimed[target - 1].append(rec)
+                self.handed += 1
+        return result, lambda: self._handoff.done(queue_ids, targets, claimed)
 
     async def close(self) -> None:
         """Finish what was handed in, then stop."""
@@ -146,4 +206,8 @@ class Appender:
         self._queue.clear()
 
 
-__all__ = ["Appender", "AppendRow", "FluxError"]
+class _HandoffFailed(Exception):
+    """A batch with claims failed: _commit retries it without them."""
+
+
+__all__ = ["Appender", "AppendRow", "ClaimTarget", "FluxError", "Handoff"]

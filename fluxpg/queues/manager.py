@@ -38,7 +38,7 @@ from fluxpg import db
 from fluxpg.aio import cancel_and_wait
 from fluxpg.config import Config, QueueConfig, QueueManagerConfig
 from fluxpg.queues import classic, stream, transient
-from fluxpg.queues.appender import Appender, AppendRow
+from fluxpg.queues.appender import Appender, AppendRow, ClaimTarget
 from fluxpg.queues.sequencer import Sequencer
 from fluxpg.selectors import selector_jsonpath
 from fluxpg.delivery import Delivery
@@ -129,6 +129,9 @@ class Subscription:
         self._committed_max: dict[int, int] = {}
         self.delivered = 0
         self._claimed: deque[Delivery] = deque()   # classic: claimed, not yet handed to on_delivery
+        # Set while the appender claims for this subscription in a publish's transaction
+        # (LocalHandoff); resolves to (deliveries, n asked, quiet token) or None (claim yourself).
+        self._handoff: asyncio.Future | None = None
 
     # --- flow control -------------------------------------------------------------------------
 
@@ -213,6 +216,7 @@ class Subscription:
                     if len(own) < batch or (self._credit is not None and self._credit <= 0):
                         break
                     after = own[-1].seq
+            quiet = None   # after a handoff that reached the head: the wake-up state meaning "nothing since"
             while not self._closed:
                 if self._credit is not None and self._credit <= 0:
                     if self.kind == "stream" and self.partitions > 1:
@@ -227,6 +231,12 @@ class Subscription:
                     continue
                 waker = self.manager._waker(self.queue_id)
                 n = batch if self._credit is None else min(self._credit, batch)
+                if quiet is not None and self.manager._quiet(self.queue_id, quiet):
+                    # A handoff claimed up to the head and no wake-up came since: a claim now
+                    # would find nothing (and cost a transaction). Wait for the next one.
+                    quiet = await self._idle_wait(waker, poll)
+                    continue
+                quiet = None
                 fetch = asyncio.ensure_future(self._fetch(n))
                 try:
                     try:
@@ -256,15 +266,42 @@ class Subscription:
                     next_commit = loop.time() + commit_every
                 if deliveries and len(deliveries) >= n:
                     continue
-                try:
-                    await asyncio.wait_for(waker.wait(), poll)
-                except asyncio.TimeoutError:
-                    pass
+                quiet = await self._idle_wait(waker, poll)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001
             log.exception("subscription %s/%s stopped", self.queue, self.consumer)
             await self._fail(db.translate_error(exc))
+
+    async def _idle_wait(self, waker: asyncio.Event, poll: float):
+        """Wait for a wake-up (or the poll). Meanwhile a classic subscription without a selector
+        is idle: the appender may claim for it in a publish's transaction (LocalHandoff), whose
+        deliveries are handed over here. Returns the quiet token when that claim got less than it
+        asked for (the queue's head was reached), else None."""
+        mgr = self.manager
+        idle = self.kind == "classic" and self.selector is None and self.queue_id is not None
+        if idle:
+            mgr._idle_add(self)
+        try:
+            await asyncio.wait_for(waker.wait(), poll)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            if idle:
+                mgr._idle_remove(self)
+        fut = self._handoff
+        if fut is None:
+            return None
+        try:
+            got = await fut
+        finally:
+            self._handoff = None
+        if got is None:
+            return None
+        deliveries, asked, token = got
+        if deliveries:
+            await self._deliver(deliveries)
+        return token if len(deliveries) < asked else None
 
     async def _heartbeat(self) -> None:
         try:
@@ -324,6 +361,65 @@ class Subscription:
         await self.manager._auto_delete(self)
 
 
+class LocalHandoff:
+    """The appender's Handoff (queues/appender.py): which subscriptions of this node wait for new
+    messages of a queue being published to, and handing them what the publish's transaction
+    claimed for them.
+
+    A subscription is eligible while it waits in `_idle_wait` with no wake-up since it began to
+    (it would claim by itself next), has credit, and is the first of its group here (one claim per
+    group and batch). After the commit every queue of the batch is woken locally at once — this
+    node's consumers no longer wait for the NOTIFY, which append_claim tags with the node so the
+    listener here skips it — and each reserved subscription gets its deliveries with a quiet
+    token: the wake-up count of its queue that means "only this batch's wake-up happened since".
+    """
+
+    def __init__(self, manager: QueueManager):
+        self.manager = manager
+
+    def plan(self, queue_ids: set[int]) -> list[ClaimTarget]:
+        mgr = self.manager
+        targets: list[ClaimTarget] = []
+        for qid in queue_ids:
+            subs = mgr._idle.get(qid)
+            if not subs:
+                continue
+            now = mgr._wake_state(qid)
+            groups: set[str] = set()
+            for sub, since in subs.items():
+                credit = sub._credit
+                if (since != now or sub._handoff is not None or sub._closed or sub.group in groups
+                        or (credit is not None and credit <= 0)):
+                    continue
+                groups.add(sub.group)
+                sub._handoff = asyncio.get_running_loop().create_future()
+                n = mgr.qm.delivery_batch if credit is None else min(credit, mgr.qm.delivery_batch)
+                targets.append(ClaimTarget(sub.queue, sub.group, sub.consumer, n, (sub, now)))
+        return targets
+
+    def done(self, queue_ids: set[int], targets: list[ClaimTarget], claimed: list[list[Any]] | None) -> None:
+        mgr = self.manager
+        if claimed is not None:
+            for qid in queue_ids:
+                mgr._wake(qid)
+        for i, t in enumerate(targets):
+            sub, (count, epoch) = t.token
+            result = None
+            if claimed is not None:
+                # Rows of fluxpg.append_claim: r_target, r_ord, r_queue_id, r_partition, r_seq,
+                # r_topic, r_payload, r_headers, r_created_at, r_delivery_count.
+                deliveries = [Delivery(queue=t.queue, group=t.group, partition=r[3], seq=r[4], topic=r[5],
+                                       payload=bytes(r[6]), headers=r[7] or {}, created_at=r[8],
+                                       delivery_count=r[9], kind="classic") for r in claimed[i]]
+                result = (deliveries, t.n, (count + 1, epoch))
+            fut = sub._handoff
+            if fut is not None and not fut.done():
+                fut.set_result(result)
+            elif result is not None and result[0]:
+                # The subscription went away meanwhile: give its messages back now.
+                asyncio.ensure_future(mgr.release(t.queue, t.group, [d.seq for d in result[0]]))
+
+
 class QueueManager:
     def __init__(self, dsn: str, config: Config | None = None):
         self.dsn = dsn
@@ -344,6 +440,11 @@ class QueueManager:
         # refuse other consumers while it is there; a queue's consumers on other nodes are not seen).
         self.exclusive_consumers: dict[str, object] = {}
         self._wakers: dict[int | None, asyncio.Event] = {}
+        # Wake-ups so far, per queue and of all queues (LocalHandoff's quiet tokens), and the
+        # subscriptions waiting for one: queue id → {subscription: wake state when it began}.
+        self._wake_counts: dict[int, int] = {}
+        self._wake_epoch = 0
+        self._idle: dict[int, dict[Subscription, tuple[int, int]]] = {}
         self._listener: db.Listener | None = None
         self.appender: Appender | None = None
         self.sequencer: Sequencer | None = None
@@ -376,7 +477,7 @@ class QueueManager:
                                                 "fluxpg_queues": self._on_queues_notify})
         await self._listener.start()
         await self._declare_configured()
-        self.appender = Appender(self.pool)
+        self.appender = Appender(self.pool, handoff=LocalHandoff(self))
         self.appender.start()
         self.sequencer = Sequencer(self.pool)
         self.sequencer.start()
@@ -565,20 +666,44 @@ class QueueManager:
         return ev
 
     def _wake(self, queue_id: int) -> None:
+        self._wake_counts[queue_id] = self._wake_counts.get(queue_id, 0) + 1
         ev = self._wakers.pop(queue_id, None)
         if ev is not None:
             ev.set()
 
     def _wake_all(self) -> None:
+        self._wake_epoch += 1
         wakers, self._wakers = self._wakers, {}
         for ev in wakers.values():
             ev.set()
+
+    def _wake_state(self, queue_id: int | None) -> tuple[int, int]:
+        return (self._wake_counts.get(queue_id, 0), self._wake_epoch)
+
+    def _quiet(self, queue_id: int | None, token: tuple[int, int]) -> bool:
+        """No wake-up of the queue since the one `token` (LocalHandoff) counted on."""
+        return self._wake_state(queue_id) == token
+
+    def _idle_add(self, sub: Subscription) -> None:
+        self._idle.setdefault(sub.queue_id, {})[sub] = self._wake_state(sub.queue_id)
+
+    def _idle_remove(self, sub: Subscription) -> None:
+        subs = self._idle.get(sub.queue_id)
+        if subs is not None:
+            subs.pop(sub, None)
+            if not subs:
+                del self._idle[sub.queue_id]
 
     def _on_log_notify(self, payload: str | None) -> None:
         if payload is None:     # listener reconnected: anything may have happened
             self._wake_all()
             return
-        for part in payload.split(","):
+        parts = payload.split(",")
+        if parts[-1].startswith("@"):
+            # fluxpg.append_claim's tag: the node that appended woke its own consumers at commit.
+            if parts.pop()[1:] == str(self.node_id):
+                return
+        for part in parts:
             if part:
                 self._wake(int(part))
 

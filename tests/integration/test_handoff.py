@@ -1,0 +1,165 @@
+"""A publish handed to a consumer of the same node waiting for it: claimed inside the append's own
+transaction (fluxpg.append_claim, LocalHandoff), with the queue semantics of an ordinary claim."""
+from __future__ import annotations
+
+import asyncio
+
+import asyncpg
+import pytest
+
+from fluxpg.config import QueueConfig
+from fluxpg.queues.appender import Appender, AppendRow, ClaimTarget
+from tests.helpers import claim, declare, publish_many
+
+
+class Inbox:
+    def __init__(self):
+        self.items = []
+        self._changed = asyncio.Event()
+
+    def __call__(self, delivery):
+        self.items.append(delivery)
+        self._changed.set()
+
+    async def wait_for(self, n: int, timeout: float = 10.0):
+        async def loop():
+            while len(self.items) < n:
+                self._changed.clear()
+                await self._changed.wait()
+        await asyncio.wait_for(loop(), timeout)
+        return self.items
+
+
+async def until_idle(mgr, *subs) -> None:
+    """Until every subscription waits for a wake-up (the state in which it can be handed messages)."""
+    async def loop():
+        while not all(s in mgr._idle.get(s.queue_id, {}) for s in subs):
+            await asyncio.sleep(0.01)
+    await asyncio.wait_for(loop(), 10)
+
+
+async def test_publish_to_a_waiting_consumer_is_claimed_in_the_append(manager_factory, conn, qname):
+    mgr = await manager_factory([QueueConfig(name=qname)])
+    inbox = Inbox()
+    sub = await mgr.subscribe(qname, "g", "c", on_delivery=inbox, credit=100)
+    for i in range(20):
+        await until_idle(mgr, sub)
+        await mgr.publish(f"$queue/{qname}/k", b"%d" % i)
+        await inbox.wait_for(i + 1)
+    assert [d.payload for d in inbox.items] == [b"%d" % i for i in range(20)]
+    assert [d.seq for d in inbox.items] == list(range(20))
+    assert mgr.appender.handed == 20
+    # Each is pending for the consumer it went to, delivered once, as after fluxpg.claim.
+    rows = await conn.fetch("SELECT seq, consumer, delivery_count FROM fluxpg.pending_entries WHERE queue = $1 "
+                            "ORDER BY seq", qname)
+    assert [tuple(r) for r in rows] == [(i, "c", 1) for i in range(20)]
+    assert await mgr.ack(qname, "g", list(range(20))) == 20
+
+
+async def test_handoff_gives_each_group_every_message_and_one_consumer_each(manager_factory, qname):
+    mgr = await manager_factory([QueueConfig(name=qname)])
+    a1, a2, b = Inbox(), Inbox(), Inbox()
+    subs = [await mgr.subscribe(qname, "ga", "a1", on_delivery=a1, credit=1000),
+            await mgr.subscribe(qname, "ga", "a2", on_delivery=a2, credit=1000),
+            await mgr.subscribe(qname, "gb", "b", on_delivery=b, credit=1000)]
+    await until_idle(mgr, *subs)
+    for _ in range(5):
+        await asyncio.gather(*(mgr.publish(f"$queue/{qname}/k", b"x") for _ in range(20)))
+    await b.wait_for(100)
+    deadline = asyncio.get_running_loop().time() + 10
+    while len(a1.items) + len(a2.items) < 100 and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.05)
+    ga = sorted(d.seq for d in a1.items + a2.items)
+    assert ga == list(range(100))                       # each message once in group ga
+    assert [d.seq for d in b.items] == list(range(100))  # and every one, in order, in group gb
+    for inbox in (a1, a2):
+        assert [d.seq for d in inbox.items] == sorted(d.seq for d in inbox.items)
+    assert mgr.appender.handed > 0
+
+
+async def test_a_failing_claim_does_not_fail_the_publish(dsn, conn, qname):
+    """A target whose claim raises (here: an empty consumer name) makes the batch retry without
+    claims; the publish commits and the target is told nothing was claimed."""
+    qid = await declare(conn, qname)
+    assert await claim(conn, qname, "g", "c", 5) == []   # the group exists: the claim is tried
+    told = []
+
+    class BadHandoff:
+        def plan(self, queue_ids):
+            return [ClaimTarget(qname, "g", "", 5)]
+
+        def done(self, queue_ids, targets, claimed):
+            told.append(claimed)
+
+    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
+    appender = Appender(pool, handoff=BadHandoff())
+    appender.start()
+    try:
+        [(q, part, seq)] = await appender.append([AppendRow(qid, f"$queue/{qname}/k", b"x", None)])
+        assert (q, part, seq) == (qid, 0, 0)
+        assert told == [None]
+        assert appender.handed == 0
+    finally:
+        await appender.close()
+        await pool.close()
+    assert await claim(conn, qname, "g", "c", 5) == [0]
+
+
+async def test_append_claim_skips_a_busy_cursor_without_waiting(dsn, conn, qname):
+    await declare(conn, qname)
+    await claim(conn, qname, "g", "c", 1)               # creates the group
+    holder = await asyncpg.connect(dsn)
+    try:
+        tx = holder.transaction()
+        await tx.start()
+        await holder.execute("SELECT 1 FROM fluxpg.cursors c JOIN fluxpg.groups g ON g.id = c.group_id "
+                             "JOIN fluxpg.queues q ON q.id = g.queue_id WHERE q.name = $1 FOR UPDATE", qname)
+        # A wait would hit the lock timeout and raise: the target is skipped instead.
+        await conn.execute("SET lock_timeout = '5s'")
+        qid = await conn.fetchval("SELECT id FROM fluxpg.queues WHERE name = $1", qname)
+        rows = await conn.fetch("SELECT r_target, r_seq FROM fluxpg.append_claim($1, $2, $3, NULL, NULL, $4, $5, $6, $7)",
+                                [qid], [f"$queue/{qname}/k"], [b"x"], [qname], ["g"], ["c"], [10])
+        assert [tuple(r) for r in rows] == [(0, 0)]
+        await tx.rollback()
+    finally:
+        await conn.execute("RESET lock_timeout")
+        await holder.close()
+    assert await claim(conn, qname, "g", "c", 10) == [0]
+
+
+async def test_append_claim_leaves_due_redeliveries_to_the_consumer(conn, qname):
+    """Redeliveries go first: with one due, the append does not claim (the consumer's own claim
+    then takes the redelivery before the new message)."""
+    await declare(conn, qname, settings={"retry": {"initial_backoff": "0s", "max_backoff": "0s"}})
+    await publish_many(conn, qname, 1)
+    assert await claim(conn, qname, "g", "c", 1) == [0]
+    assert await conn.fetchval("SELECT fluxpg.nack($1, 'g', ARRAY[0]::bigint[])", qname) == 1
+    qid = await conn.fetchval("SELECT id FROM fluxpg.queues WHERE name = $1", qname)
+    rows = await conn.fetch("SELECT r_target, r_seq FROM fluxpg.append_claim($1, $2, $3, NULL, NULL, $4, $5, $6, $7)",
+                            [qid], [f"$queue/{qname}/k"], [b"x"], [qname], ["g"], ["c"], [10])
+    assert [tuple(r) for r in rows] == [(0, 1)]
+    got = await conn.fetch("SELECT seq, delivery_count FROM fluxpg.claim($1, 'g', 'c', 10)", qname)
+    assert [tuple(r) for r in got] == [(0, 2), (1, 1)]
+
+
+async def test_append_claim_returns_the_claim_in_its_transaction(conn, qname):
+    await declare(conn, qname)
+    await claim(conn, qname, "g", "c", 1)
+    qid = await conn.fetchval("SELECT id FROM fluxpg.queues WHERE name = $1", qname)
+    rows = await conn.fetch("SELECT r_target, r_ord, r_seq, r_payload, r_delivery_count FROM "
+                            "fluxpg.append_claim($1, $2, $3, NULL, NULL, $4, $5, $6, $7)",
+                            [qid] * 3, [f"$queue/{qname}/k"] * 3, [b"a", b"b", b"c"], [qname], ["g"], ["c"], [2])
+    assert [tuple(r) for r in rows] == [(0, 1, 0, None, None), (0, 2, 1, None, None), (0, 3, 2, None, None),
+                                        (1, None, 0, b"a", 1), (1, None, 1, b"b", 1)]
+    assert await claim(conn, qname, "g", "c", 10) == [2]
+
+
+@pytest.mark.parametrize("tag, woken", [("@999999", True), (None, False)])
+async def test_own_tagged_notify_is_not_a_second_wake_up(manager_factory, qname, tag, woken):
+    """The listener skips append_claim's NOTIFY from its own node (woken at commit already) and
+    wakes on another node's."""
+    mgr = await manager_factory([QueueConfig(name=qname)])
+    qid = mgr.queues[qname].id
+    before = mgr._wake_state(qid)
+    mgr._on_log_notify(f"{qid},{tag or '@' + str(mgr.node_id)}")
+    assert (mgr._wake_state(qid) != before) is woken

@@ -1419,9 +1419,13 @@ BEGIN
    ORDER BY l.seq;
 END $$;
 
+-- Generic plans (SET plan_cache_mode): with the default, PostgreSQL re-plans the log scan for
+-- every call (a custom plan over the partitioned log; the generic one prunes partitions at
+-- executor start and is the same index scan). Measured on this project's 2-core VM: a claim of
+-- one message 700 → 400 µs of backend CPU (issue 17).
 CREATE OR REPLACE FUNCTION fluxpg.claim(queue text, grp text, consumer text, n int DEFAULT 1,
                                         selector jsonpath DEFAULT NULL)
-RETURNS SETOF fluxpg.delivery LANGUAGE plpgsql AS $$
+RETURNS SETOF fluxpg.delivery LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
   q fluxpg.queues := fluxpg._queue(queue, 'classic', 'claim');
   g fluxpg.groups;

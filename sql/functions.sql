@@ -1311,10 +1311,14 @@ BEGIN
     cardinality(seqs), err;
 END $$;
 
+-- Custom plans here (SET plan_cache_mode = auto, also when called from claim, which runs with
+-- generic ones): only a plan for the actual `mode` folds the CASE below, so that 'due' reads the
+-- pending_due index from the due end; a generic plan reads and sorts every pending entry of the
+-- group (EXPLAIN of both on a group with pending entries).
 CREATE OR REPLACE FUNCTION fluxpg._take_pending(q fluxpg.queues, g fluxpg.groups, consumer text, n int,
                                                 mode text, min_idle interval DEFAULT NULL, after bigint DEFAULT NULL,
                                                 sel jsonpath DEFAULT NULL)
-RETURNS SETOF fluxpg.delivery LANGUAGE plpgsql AS $$
+RETURNS SETOF fluxpg.delivery LANGUAGE plpgsql SET plan_cache_mode = auto AS $$
 DECLARE
   r record;
   max_deliveries int := 1 + coalesce((q.settings #>> '{retry,max_retries}')::int, 10);
@@ -1422,7 +1426,8 @@ END $$;
 -- Generic plans (SET plan_cache_mode): with the default, PostgreSQL re-plans the log scan for
 -- every call (a custom plan over the partitioned log; the generic one prunes partitions at
 -- executor start and is the same index scan). Measured on this project's 2-core VM: a claim of
--- one message 700 → 400 µs of backend CPU (issue 17).
+-- one message 700 → 400 µs of backend CPU (issue 17). Functions it calls inherit the setting;
+-- _take_pending, whose plan depends on its mode argument, sets it back to auto.
 CREATE OR REPLACE FUNCTION fluxpg.claim(queue text, grp text, consumer text, n int DEFAULT 1,
                                         selector jsonpath DEFAULT NULL)
 RETURNS SETOF fluxpg.delivery LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$

@@ -12,7 +12,9 @@ Every protocol front-end talks to one QueueManager per process:
 
 Publishes are group-committed (appender.py); deliveries are pulled from PostgreSQL by one task per
 subscription, woken by LISTEN/NOTIFY (one notification per committed batch) and, as a safety net
-for visibility timeouts and retry backoffs, by a short poll.
+for visibility timeouts and retry backoffs, by a short poll. A subscription of this node that waits
+for new messages of a queue being published to is claimed for inside the publish's transaction
+instead (LocalHandoff: one commit, no NOTIFY → claim round trip).
 
 A `$queue/<name>/…` topic no configured queue matches reaches the queue `<name>`, created on first
 use as `queue_manager.auto_create` says: durable (the default: a classic queue in PostgreSQL),

@@ -415,11 +415,22 @@ class LocalHandoff:
                                        delivery_count=r[9], kind="classic") for r in claimed[i]]
                 result = (deliveries, t.n, (count + 1, epoch))
             fut = sub._handoff
-            if fut is not None and not fut.done():
+            task = sub._task
+            waiting = fut is not None and not fut.done()
+            if waiting and task is not None and not task.done() and not task.cancelling():
                 fut.set_result(result)
-            elif result is not None and result[0]:
-                # The subscription went away meanwhile: give its messages back now.
-                asyncio.ensure_future(mgr.release(t.queue, t.group, [d.seq for d in result[0]]))
+                continue
+            if waiting:
+                fut.set_result(None)
+            if result is not None and result[0]:
+                # The subscription's task ended meanwhile: give its messages back now.
+                asyncio.ensure_future(self._release(t.queue, t.group, [d.seq for d in result[0]]))
+
+    async def _release(self, queue: str, group: str, seqs: list[int]) -> None:
+        try:
+            await self.manager.release(queue, group, seqs)
+        except FluxError as exc:   # they come back after the visibility timeout instead
+            log.warning("releasing %d handed messages of %s/%s failed: %s", len(seqs), queue, group, exc)
 
 
 class QueueManager:

@@ -163,3 +163,34 @@ async def test_own_tagged_notify_is_not_a_second_wake_up(manager_factory, qname,
     before = mgr._wake_state(qid)
     mgr._on_log_notify(f"{qid},{tag or '@' + str(mgr.node_id)}")
     assert (mgr._wake_state(qid) != before) is woken
+
+
+async def test_messages_handed_to_a_subscription_that_went_away_are_released(manager_factory, conn, qname):
+    """The subscription's task ends while the append claims for it: what was claimed is released
+    at once (due again), not left pending until the visibility timeout."""
+    mgr = await manager_factory([QueueConfig(name=qname)])
+    gone = Inbox()
+    sub = await mgr.subscribe(qname, "g", "c1", on_delivery=gone, credit=10)
+    await until_idle(mgr, sub)
+    handoff = mgr.appender._handoff
+    plan = handoff.plan
+
+    def plan_then_cancel(queue_ids):
+        targets = plan(queue_ids)
+        sub._task.cancel()            # gone before the append's transaction returns
+        return targets
+
+    handoff.plan = plan_then_cancel
+    await mgr.publish(f"$queue/{qname}/k", b"m")
+    handoff.plan = plan
+    assert mgr.appender.handed == 1 and gone.items == []
+    async def released():   # fluxpg.release: visible at once (visible_at -infinity), same consumer
+        while not await conn.fetchval("SELECT count(*) FROM fluxpg.pending p JOIN fluxpg.groups g ON g.id = p.group_id "
+                                      "JOIN fluxpg.queues q ON q.id = g.queue_id WHERE q.name = $1 "
+                                      "AND p.visible_at = '-infinity'", qname):
+            await asyncio.sleep(0.02)
+    await asyncio.wait_for(released(), 10)
+    inbox = Inbox()
+    await mgr.subscribe(qname, "g", "c2", on_delivery=inbox, credit=10)
+    [d] = await inbox.wait_for(1)
+    assert (d.seq, d.payload) == (0, b"m")

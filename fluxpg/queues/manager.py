@@ -278,8 +278,8 @@ class Subscription:
     async def _idle_wait(self, waker: asyncio.Event, poll: float):
         """Wait for a wake-up (or the poll). Meanwhile a classic subscription without a selector
         is idle: the appender may claim for it in a publish's transaction (LocalHandoff), whose
-        deliveries are handed over here. Returns the quiet token when that claim got less than it
-        asked for (the queue's head was reached), else None."""
+        deliveries are handed over here. Returns the quiet token when that claim got some but less
+        than it asked for (it ran and reached the queue's head), else None."""
         mgr = self.manager
         idle = self.kind == "classic" and self.selector is None and self.queue_id is not None
         if idle:
@@ -301,8 +301,11 @@ class Subscription:
         if got is None:
             return None
         deliveries, asked, token = got
-        if deliveries:
-            await self._deliver(deliveries)
+        if not deliveries:
+            # Skipped (cursor busy, redeliveries due, …) or nothing for this group: claim as usual,
+            # or a due redelivery would wait for the poll.
+            return None
+        await self._deliver(deliveries)
         return token if len(deliveries) < asked else None
 
     async def _heartbeat(self) -> None:

@@ -8,6 +8,7 @@ import asyncpg
 import pytest
 
 from fluxpg.config import QueueConfig
+from fluxpg.queues import manager as manager_module
 from fluxpg.queues.appender import Appender, AppendRow, ClaimTarget
 from tests.helpers import claim, declare, publish_many
 
@@ -194,3 +195,25 @@ async def test_messages_handed_to_a_subscription_that_went_away_are_released(man
     await mgr.subscribe(qname, "g", "c2", on_delivery=inbox, credit=10)
     [d] = await inbox.wait_for(1)
     assert (d.seq, d.payload) == (0, b"m")
+
+
+async def test_a_due_redelivery_is_not_left_for_the_poll(manager_factory, conn, qname):
+    """A publish while a redelivery is due (its visibility timeout passed, no wake-up for that):
+    append_claim skips the consumer, which then claims at once — the redelivery first, then the
+    new message — instead of waiting for the next poll."""
+    mgr = await manager_factory([QueueConfig(name=qname)])
+    await mgr.publish(f"$queue/{qname}/k", b"old")
+    assert [r["seq"] for r in await conn.fetch("SELECT seq FROM fluxpg.claim($1, $1, 'other', 1)", qname)] == [0]
+    inbox = Inbox()
+    mgr_poll, manager_module.CLASSIC_POLL = manager_module.CLASSIC_POLL, 60.0   # read when the subscription starts
+    try:
+        sub = await mgr.subscribe(qname, qname, "c", on_delivery=inbox, credit=10)
+        await until_idle(mgr, sub)
+        # Due now, as after its visibility timeout: nothing wakes the consumer for it.
+        await conn.execute("UPDATE fluxpg.pending p SET visible_at = now() - interval '1 second' FROM fluxpg.groups g "
+                           "WHERE g.id = p.group_id AND g.name = $1", qname)
+        await mgr.publish(f"$queue/{qname}/k", b"new")
+        got = await inbox.wait_for(2, timeout=5)     # far below the (raised) poll interval
+    finally:
+        manager_module.CLASSIC_POLL = mgr_poll
+    assert [(d.seq, d.payload, d.delivery_count) for d in got] == [(0, b"old", 2), (1, b"new", 1)]

@@ -1,5 +1,6 @@
-"""Publishing inside the application's own transaction (fluxpg.publish → fluxpg.staged → at commit
-fluxpg.outbox → appended to the log by the sequencer).
+"""Publishing inside the application's own transaction (fluxpg.publish → fluxpg.outbox in the
+caller's transaction, a commit-order marker in fluxpg.outbox_commits at its commit → appended to
+the log by the sequencer).
 
 Real PostgreSQL and a real queue manager: a long application transaction blocks no other
 publisher; messages are delivered only after commit, in commit order; a rollback leaves no trace
@@ -72,7 +73,7 @@ async def test_long_transaction_blocks_no_publisher_and_is_delivered_after_commi
         assert row["seq"] == 3 and row["headers"] == {"order": 42}
         stats = await conn.fetchrow("SELECT outbox, staging_transactions FROM fluxpg.queue_stats WHERE queue = $1", qname)
         assert (stats["outbox"], stats["staging_transactions"]) == (0, 0)
-        assert await conn.fetchval("SELECT count(*) FROM fluxpg.staged") == 0
+        assert await conn.fetchval("SELECT count(*) FROM fluxpg.outbox_commits") == 0
     finally:
         await app.close()
         await other.close()
@@ -90,8 +91,8 @@ async def test_rollback_leaves_no_trace_and_no_stall(dsn, conn, qname, manager_f
         async with app.transaction():
             await fluxpg.publish(app, f"$queue/{qname}/x", b"kept")
         assert await _drain(conn, qname, "g", 1) == [b"kept"]
-        assert await conn.fetchval("SELECT count(*) FROM fluxpg.staged") == 0
         assert await conn.fetchval("SELECT count(*) FROM fluxpg.outbox") == 0
+        assert await conn.fetchval("SELECT count(*) FROM fluxpg.outbox_commits") == 0
         # No gap: the kept message got the first offset.
         assert await conn.fetchval("SELECT seq FROM fluxpg.log l JOIN fluxpg.queues q ON q.id = l.queue_id "
                                    "WHERE q.name = $1", qname) == 0

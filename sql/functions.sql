@@ -1072,18 +1072,18 @@ DECLARE
   txids xid8[];
   marks bigint[];
 BEGIN
-  PERFORM 1 FROM fluxpg.outbox_commits LIMIT 1;
-  IF NOT FOUND THEN RETURN 0; END IF;        -- the idle poll: no lock taken
-  PERFORM pg_advisory_xact_lock(1179669332, 0);
-  -- A transaction has one marker per fluxpg.publish call, all taken at its commit: it goes by
-  -- its first. All of a transaction's markers and rows became visible together; a marker of a
-  -- transaction moved here but left beyond max_rows finds no rows next time and goes then.
-  SELECT array_agg(c.cseq) INTO marks
-    FROM (SELECT c.cseq FROM fluxpg.outbox_commits c ORDER BY c.cseq LIMIT max_rows) c;
+  -- The markers, oldest first, and their transactions in the order of each one's first marker (a
+  -- transaction has one per fluxpg.publish call, all taken at its commit). Read before the lock,
+  -- and not again after it: rows another sequencer moved meanwhile are simply not found below,
+  -- and a marker left beyond max_rows by a transaction moved here finds no rows next time and
+  -- goes then. Through the primary key: an idle poll is one index probe and takes no lock (a
+  -- sequential scan would read every dead marker not yet vacuumed).
+  SELECT array_agg(c.cseq), array_agg(c.txid ORDER BY c.cseq) FILTER (WHERE c.first)
+    INTO marks, txids
+    FROM (SELECT c.cseq, c.txid, row_number() OVER (PARTITION BY c.txid ORDER BY c.cseq) = 1 AS first
+            FROM (SELECT c.cseq, c.txid FROM fluxpg.outbox_commits c ORDER BY c.cseq LIMIT max_rows) c) c;
   IF marks IS NULL THEN RETURN 0; END IF;
-  SELECT array_agg(x.txid ORDER BY x.first) INTO txids
-    FROM (SELECT c.txid, min(c.cseq) AS first FROM fluxpg.outbox_commits c
-           WHERE c.cseq = ANY (marks) GROUP BY c.txid) x;
+  PERFORM pg_advisory_xact_lock(1179669332, 0);
   -- Fast path: everything in one append (one head lock per queue partition, one NOTIFY).
   BEGIN
     moved := fluxpg._append_outbox(NULL, txids);

@@ -214,3 +214,80 @@ async def test_async_sqlalchemy_session_and_errors_in_the_callers_transaction(ds
     assert await _drain(conn, qname, "g", 1) == [b"small"]
     with pytest.raises(TypeError, match="needs an asyncpg or psycopg connection"):
         fluxpg.publish(object(), "t", b"x")
+
+
+def test_commit_order_not_transaction_id_order(dsn, qname):
+    """Offsets follow commit order even where transaction ids say otherwise: B starts (and takes
+    its transaction id) first, A publishes and commits, then B commits, then C. All three are
+    moved in one sequencer call: A, B, C — not B, A, C as ordering by transaction id would."""
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute("SELECT fluxpg.declare_queue(%s, 'classic', NULL, '{}')", (qname,))
+    topic = f"$queue/{qname}/x"
+    with psycopg.connect(dsn) as a, psycopg.connect(dsn) as b:
+        b.execute("SELECT pg_current_xact_id()")          # B's transaction id is the older one
+        fluxpg.publish(b, topic, b"B")
+        fluxpg.publish(a, topic, b"A1")
+        fluxpg.publish(a, topic, b"A2")
+        a.commit()
+        b.commit()
+        fluxpg.publish(a, topic, b"C")
+        a.commit()
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        assert admin.execute("SELECT fluxpg.sequence_staged()").fetchone()[0] == 4
+        rows = admin.execute("SELECT seq, payload FROM fluxpg.log l JOIN fluxpg.queues q ON q.id = l.queue_id "
+                             "WHERE q.name = %s ORDER BY seq", (qname,)).fetchall()
+        assert [(s, bytes(p)) for s, p in rows] == [(0, b"A1"), (1, b"A2"), (2, b"B"), (3, b"C")]
+        assert admin.execute("SELECT count(*) FROM fluxpg.outbox_commits").fetchone()[0] == 0
+
+
+@pytest.mark.slow
+async def test_crash_after_commit_and_during_the_move_loses_nothing_and_duplicates_nothing(tmp_path):
+    """A private durable PostgreSQL crashed (SIGQUIT: no checkpoint, WAL recovery on restart) right
+    after the application's commits, and again right after the sequencer's asynchronously
+    committed move of part of them: every committed message reaches the log once, in commit
+    order, with dense offsets."""
+    import os
+    import signal
+
+    from fluxpg.embedded import EmbeddedPostgres, _pid_alive
+
+    pg = EmbeddedPostgres(tmp_path / "pgdata", durable=True, tcp=True)
+
+    async def crash_and_restart() -> None:
+        os.kill(pg.pid, signal.SIGQUIT)
+        deadline = time.monotonic() + 20
+        while _pid_alive(pg.pid) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await pg.astop()
+        await pg.astart()
+
+    await pg.astart()
+    try:
+        await asyncio.to_thread(db.migrate, pg.dsn)
+        c = await db.connect(pg.dsn)
+        await c.execute("SELECT fluxpg.declare_queue('orders', 'classic', NULL, '{}')")
+        for i in range(50):
+            async with c.transaction():
+                await fluxpg.publish(c, "$queue/orders/created", b"m%02d" % i)
+        await c.close()
+        await crash_and_restart()
+
+        c = await db.connect(pg.dsn)
+        assert await c.fetchval("SELECT count(*) FROM fluxpg.outbox") == 50
+        await c.execute("SET synchronous_commit = off")
+        assert await c.fetchval("SELECT fluxpg.sequence_staged(20)") == 20
+        await c.close()
+        await crash_and_restart()
+
+        c = await db.connect(pg.dsn)
+        moved = [bytes(r[0]) for r in await c.fetch("SELECT payload FROM fluxpg.log ORDER BY seq")]
+        waiting = await c.fetchval("SELECT count(*) FROM fluxpg.outbox")
+        assert moved in ([], [b"m%02d" % i for i in range(20)]) and len(moved) + waiting == 50
+        while await c.fetchval("SELECT fluxpg.sequence_staged(7)"):
+            pass
+        rows = await c.fetch("SELECT seq, payload FROM fluxpg.log ORDER BY seq")
+        assert [(r[0], bytes(r[1])) for r in rows] == [(i, b"m%02d" % i) for i in range(50)]
+        assert await c.fetchval("SELECT count(*) FROM fluxpg.outbox_commits") == 0
+        await c.close()
+    finally:
+        await pg.astop()

@@ -1,9 +1,10 @@
 """The sequencer: appends messages that applications published inside their own transactions
-(fluxpg.publish → fluxpg.outbox at commit) to the log, in commit order.
+(fluxpg.publish writes them into fluxpg.outbox; their commit adds a commit-order marker to
+fluxpg.outbox_commits) to the log, in commit order.
 
 Publishing transactions send no NOTIFY (it would serialise their commits on PostgreSQL's
 notification lock), so the sequencer polls: every POLL_MIN while it keeps finding work, backing off
-to POLL_MAX when idle. The idle poll is one index lookup and takes no lock. Every node runs one;
+to POLL_MAX when idle. The idle poll is one index probe and takes no lock. Every node runs one;
 fluxpg.sequence_staged() lets one move at a time, so nodes never reorder each other's work.
 """
 from __future__ import annotations

@@ -8,7 +8,9 @@ the broker and the application, as ratios within one run.
    transactions each hold a published message open for 5 s, vs the same run without them
    (target: p50 and p99 within 1.2 x).
 2. Throughput of transactional publishes, one message per transaction from 8 connections, vs
-   `pgmq.send` in the same kind of transaction on the same server (target >= 1.0 x). pgmq is
+   `pgmq.send` in the same kind of transaction on the same server (target >= 1.0 x); beside it
+   PostgreSQL's CPU per transaction (all backends of the database, the sequencer's included, from
+   /proc: only when the server runs on this host), which a shared machine's load moves less. pgmq is
    installed from its plain-SQL file (`pgmq-extension/sql/pgmq.sql` of the pgmq project) into the
    benchmark's own database; without --pgmq-sql that row says so and is not measured.
 3. End-to-end latency publish -> delivery at 1,000 msg/s: a transaction (BEGIN; fluxpg.publish;
@@ -73,25 +75,51 @@ async def broker_publish_latency(mgr: QueueManager, dsn: str, queue: str, *, hol
     return {"p50_ms": 1000 * statistics.median(latencies), "p99_ms": 1000 * percentile(latencies, 99)}
 
 
+def _cpu_seconds(pids: list[int]) -> dict[int, float] | None:
+    """CPU time of each process (/proc/<pid>/schedstat, ns precision); None when PostgreSQL's
+    processes cannot be read from here (another host, another user's /proc)."""
+    out = {}
+    for pid in pids:
+        try:
+            out[pid] = int(Path(f"/proc/{pid}/schedstat").read_text().split()[0]) / 1e9
+        except (OSError, ValueError, IndexError):
+            return None
+    return out
+
+
 async def tx_throughput(dsn: str, statement: str, args: tuple, *, connections: int = 8,
-                        seconds: float = 5.0) -> float:
-    """Transactions per second, one statement (one message) each, from `connections` connections."""
+                        seconds: float = 5.0, drain: str | None = None) -> dict:
+    """Transactions per second, one statement (one message) each, from `connections` connections;
+    and PostgreSQL's CPU per transaction, every backend of the benchmark's database (the broker's
+    sequencer included: `drain` is polled until it says the last message was moved), which the
+    load of other processes on a shared machine moves far less than the rate."""
     stop = time.perf_counter() + seconds
     counts = [0] * connections
+    conns = [await db.connect(dsn) for _ in range(connections)]
+    admin = await db.connect(dsn)
+    pids = [r[0] for r in await admin.fetch(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")]
+    before = _cpu_seconds(pids)
 
     async def worker(i: int) -> None:
-        c = await db.connect(dsn)
-        try:
-            while time.perf_counter() < stop:
-                async with c.transaction():
-                    await c.execute(statement, *args)
-                counts[i] += 1
-        finally:
-            await c.close()
+        c = conns[i]
+        while time.perf_counter() < stop:
+            async with c.transaction():
+                await c.execute(statement, *args)
+            counts[i] += 1
 
     started = time.perf_counter()
     await asyncio.gather(*(worker(i) for i in range(connections)))
-    return sum(counts) / (time.perf_counter() - started)
+    elapsed = time.perf_counter() - started
+    while drain and await admin.fetchval(drain):
+        await asyncio.sleep(0.01)
+    after = _cpu_seconds(pids)
+    for c in conns + [admin]:
+        await c.close()
+    cpu = None
+    if before is not None and after is not None:
+        cpu = 1e6 * sum(after[p] - before[p] for p in pids) / sum(counts)
+    return {"tx_per_s": sum(counts) / elapsed, "cpu_us_per_tx": cpu}
 
 
 async def end_to_end(mgr: QueueManager, dsn: str, queue: str, *, transactional: bool, rate: int = 1000,
@@ -165,7 +193,9 @@ async def main(args) -> dict:
                     rows["latency_without"].append(await broker_publish_latency(mgr, dsn, "held", holders=0))
                     rows["latency_with"].append(await broker_publish_latency(mgr, dsn, "held", holders=10))
                 if "throughput" in args.measure:
-                    rows["tx_fluxpg"].append(await tx_throughput(dsn, "SELECT fluxpg.publish('$queue/txq/k', $1)", (PAYLOAD,)))
+                    rows["tx_fluxpg"].append(await tx_throughput(
+                        dsn, "SELECT fluxpg.publish('$queue/txq/k', $1)", (PAYLOAD,),
+                        drain="SELECT EXISTS (SELECT FROM fluxpg.outbox_commits)"))
                     if pgmq:
                         rows["tx_pgmq"].append(await tx_throughput(dsn, pgmq, (body,)))
                 if "e2e" in args.measure:
@@ -176,12 +206,13 @@ async def main(args) -> dict:
 
     def med(key, field=None):
         values = [v[field] if field else v for v in rows[key]]
-        return statistics.median(values) if values else None
+        return statistics.median(values) if values and None not in values else None
 
     results.update({
         "publish_p50_ms_without": med("latency_without", "p50_ms"), "publish_p99_ms_without": med("latency_without", "p99_ms"),
         "publish_p50_ms_with": med("latency_with", "p50_ms"), "publish_p99_ms_with": med("latency_with", "p99_ms"),
-        "tx_per_s_fluxpg": med("tx_fluxpg"), "tx_per_s_pgmq": med("tx_pgmq"),
+        "tx_per_s_fluxpg": med("tx_fluxpg", "tx_per_s"), "tx_per_s_pgmq": med("tx_pgmq", "tx_per_s"),
+        "cpu_us_per_tx_fluxpg": med("tx_fluxpg", "cpu_us_per_tx"), "cpu_us_per_tx_pgmq": med("tx_pgmq", "cpu_us_per_tx"),
         "e2e_p50_ms_direct": med("e2e_direct", "p50_ms"), "e2e_p99_ms_direct": med("e2e_direct", "p99_ms"),
         "e2e_p50_ms_tx": med("e2e_tx", "p50_ms"), "e2e_p99_ms_tx": med("e2e_tx", "p99_ms"),
         "raw": rows,
@@ -191,14 +222,16 @@ async def main(args) -> dict:
     # pair, then the median over rounds, is steadier than the ratio of two medians.
     def paired(a, b, field=None, diff=False):
         pairs = [(x[field] if field else x, y[field] if field else y) for x, y in zip(rows[a], rows[b])]
-        if not pairs:
+        if not pairs or any(None in p for p in pairs):
             return None
         return statistics.median((x - y) if diff else (x / y) for x, y in pairs)
 
     results.update({
         "ratio_publish_p50": paired("latency_with", "latency_without", "p50_ms"),
         "ratio_publish_p99": paired("latency_with", "latency_without", "p99_ms"),
-        "ratio_tx": paired("tx_fluxpg", "tx_pgmq"),
+        "ratio_tx": paired("tx_fluxpg", "tx_pgmq", "tx_per_s"),
+        # pgmq's CPU per transaction over fluxpg's: >= 1.0 when fluxpg costs no more.
+        "ratio_tx_cpu": paired("tx_pgmq", "tx_fluxpg", "cpu_us_per_tx"),
         "added_e2e_p50_ms": paired("e2e_tx", "e2e_direct", "p50_ms", diff=True),
     })
     return results
@@ -226,6 +259,11 @@ def report(r: dict) -> str:
             f"| transactions/s, one message each, 8 connections | "
             f"{r['tx_per_s_pgmq'] and format(r['tx_per_s_pgmq'], ',.0f') or 'pgmq not installed'} | "
             f"{r['tx_per_s_fluxpg']:,.0f} | {fmt(r['ratio_tx'])} | ≥ 1.0 |")
+        if r["cpu_us_per_tx_fluxpg"] is not None and r["cpu_us_per_tx_pgmq"] is not None:
+            lines.append(
+                f"| PostgreSQL CPU per transaction (µs), all backends, the sequencer's included | "
+                f"{r['cpu_us_per_tx_pgmq']:.0f} | {r['cpu_us_per_tx_fluxpg']:.0f} | "
+                f"{fmt(r['ratio_tx_cpu'])} (pgmq / fluxpg) | |")
     if r["e2e_p50_ms_tx"] is not None:
         lines += [
             f"| end-to-end p50 (ms) at 1,000 msg/s | {r['e2e_p50_ms_direct']:.2f} | {r['e2e_p50_ms_tx']:.2f} | "

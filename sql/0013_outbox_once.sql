@@ -52,7 +52,7 @@ COMMENT ON COLUMN fluxpg.outbox.published_at IS 'When fluxpg.publish() wrote it'
 -- No NOTIFY here: one per commit would serialise the publishers' commits on PostgreSQL's
 -- notification lock; the sequencer polls (fluxpg/queues/sequencer.py).
 ALTER TABLE fluxpg.outbox ADD COLUMN marks boolean NOT NULL DEFAULT true;
-COMMENT ON COLUMN fluxpg.outbox.marks IS 'Its commit-time trigger inserts the transaction''s fluxpg.outbox_commits marker (fluxpg.publish sets it on the first row of each call only)';
+COMMENT ON COLUMN fluxpg.outbox.marks IS 'Its commit-time trigger inserts the transaction''s fluxpg.outbox_commits marker (fluxpg.publish sets it on the first row of each call only; a transaction whose rows all lack it is never appended)';
 
 CREATE FUNCTION fluxpg._outbox_commit() RETURNS trigger
 LANGUAGE plpgsql AS $$

@@ -37,7 +37,16 @@ def _subscribe(client, topic: str, properties=None) -> None:
         raise RuntimeError(f"no SUBACK for {topic}")
 
 
-def _measure(host: str, port: int, topic: str, run: Run, meter: Meter, inflight: int) -> Sample:
+def _watch_disconnects(client) -> list:
+    """The reasons the broker gave for ending this client's connection (paho reconnects on its
+    own, without the subscription, so a loss would otherwise look silent)."""
+    reasons: list = []
+    client.on_disconnect = lambda c, u, flags, rc, props=None: reasons.append(str(rc))
+    return reasons
+
+
+def _measure(host: str, port: int, topic: str, run: Run, meter: Meter, inflight: int,
+             sub_disconnects: list) -> Sample:
     pub = _client(port, "cpub", host, inflight)
     try:
         meter.begin()
@@ -55,7 +64,12 @@ def _measure(host: str, port: int, topic: str, run: Run, meter: Meter, inflight:
         pub.loop_stop()
     got = len(run.latencies)
     if got < run.n:
-        print(f"  {run.n - got} of {run.n} messages were not delivered (dropped by the broker)", file=sys.stderr)
+        # Mosquitto drops silently (max_queued_messages); fluxpg disconnects a subscriber above
+        # bounds.mqtt_session_outbound_messages with 0x97 and loses what comes after (session
+        # expiry 0): say which it was.
+        why = f"subscriber disconnected by the broker: {', '.join(sub_disconnects)}" if sub_disconnects \
+            else "dropped by the broker, no disconnect"
+        print(f"  {run.n - got} of {run.n} messages were not delivered ({why})", file=sys.stderr)
     return Sample(got, run.last_received - run.first_sent, cpu, run.latencies)
 
 
@@ -65,8 +79,9 @@ def pubsub(host: str, port: int, n: int, meter: Meter, inflight: int = 100) -> S
     sub = _client(port, "csub", host)
     try:
         sub.on_message = lambda c, u, m: run.received(m.payload)
+        gone = _watch_disconnects(sub)
         _subscribe(sub, topic)
-        return _measure(host, port, topic, run, meter, inflight)
+        return _measure(host, port, topic, run, meter, inflight, gone)
     finally:
         sub.disconnect()
         sub.loop_stop()
@@ -88,8 +103,9 @@ def queue(host: str, port: int, n: int, meter: Meter, inflight: int = 100) -> Sa
         sub.on_message = on_message
         sp = Properties(PacketTypes.SUBSCRIBE)
         sp.UserProperty = [("consumer-group", "bench")]
+        gone = _watch_disconnects(sub)
         _subscribe(sub, f"$queue/{name}/#", sp)
-        return _measure(host, port, f"$queue/{name}/orders", run, meter, inflight)
+        return _measure(host, port, f"$queue/{name}/orders", run, meter, inflight, gone)
     finally:
         sub.disconnect()
         sub.loop_stop()

@@ -73,6 +73,61 @@ def test_slow_qos1_subscriber_is_disconnected_and_its_session_bounded(threaded_b
     pub.close()
 
 
+def test_clean_qos1_subscriber_behind_the_publisher_but_within_the_bound_loses_nothing(threaded_broker):
+    # The CPU benchmark's pub/sub row: a clean (expiry 0) QoS 1 subscriber slower than its
+    # publisher. Up to the bound everything waits for it, nothing is dropped, order is kept.
+    limit = 500
+    server = threaded_broker(config=Config(bounds={"mqtt_session_outbound_messages": limit}))
+    port = server.port("mqtt")
+    topic = f"behind/{uid()}"
+    sub = Paho(port)
+    sub.subscribe(topic, qos=1)
+    sub.c.loop_stop()                      # falls behind: reads nothing for now
+    pub = Paho(port)
+    n = limit
+    for i in range(n):
+        pub.publish(topic, b"%06d" % i, qos=1, wait=False)
+    pub.publish(topic + "/sync", b"", qos=1)     # PUBACKs come in order: all n were routed
+    sub.c.loop_start()
+    got = [int(sub.get().payload) for _ in range(n)]
+    assert got == list(range(n))
+    sub.nothing(0.5)
+    assert _router(server).slow_disconnects == 0
+    assert not sub.disconnected.is_set()
+    sub.close()
+    pub.close()
+
+
+def test_clean_qos1_subscriber_past_the_bound_is_told_where_its_messages_end(threaded_broker):
+    # One message more than the bound: the subscriber gets every message up to and including
+    # the one that passed the bound, in order, then DISCONNECT 0x97 -- never a silent gap.
+    # (Its session has expiry 0, so what is published after the disconnect is not for it.)
+    limit = 200
+    server = threaded_broker(config=Config(bounds={"mqtt_session_outbound_messages": limit}))
+    port = server.port("mqtt")
+    topic = f"past/{uid()}"
+    sub = Paho(port)
+    sub.subscribe(topic, qos=1)
+    sub.c.loop_stop()
+    pub = Paho(port)
+    n = 3 * limit
+    for i in range(n):
+        pub.publish(topic, b"%06d" % i, qos=1, wait=False)
+    pub.publish(topic + "/sync", b"", qos=1)
+    router = _router(server)
+    assert router.slow_disconnects == 1
+    sub.c.reconnect_delay_set(60, 60)      # stay disconnected once told (paho reconnects by itself)
+    sub.c.loop_start()
+    assert sub.disconnected.wait(30)
+    assert sub.disconnect_rc == 0x97
+    got = []
+    while not sub.messages.empty():
+        got.append(int(sub.get().payload))
+    assert got == list(range(limit + 1))
+    sub.close()
+    pub.close()
+
+
 def test_qos0_to_a_subscriber_that_stops_reading_is_dropped_and_counted(threaded_broker):
     server = threaded_broker(config=Config(bounds={"connection_outbound_bytes": 64 * 1024}))
     port = server.port("mqtt")

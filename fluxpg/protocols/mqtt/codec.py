@@ -55,7 +55,7 @@ __all__ = [
     "Connect", "Will", "Connack", "Publish", "Puback", "Pubrec", "Pubrel", "Pubcomp",
     "Subscribe", "Subscription", "Suback", "Unsubscribe", "Unsuback", "Pingreq", "Pingresp",
     "Disconnect", "Auth", "Packet", "Properties", "ReasonCode",
-    "encode", "Decoder", "MQTTError", "MalformedPacket", "ProtocolError", "PacketTooLarge",
+    "encode", "encode_ack_ok", "encode_publish_plain", "Decoder", "MQTTError", "MalformedPacket", "ProtocolError", "PacketTooLarge",
     "UnsupportedProtocolVersion",
 ]
 
@@ -455,6 +455,61 @@ _ENCODERS: dict[type, Callable[[object, int], bytes]] = {
 }
 
 
+# --- fast paths for the per-message packets --------------------------------------------------------
+# Byte for byte what encode() gives for the same packet (tests/unit/test_mqtt_fastcodec.py checks
+# that with hypothesis); the session uses them where a message needs no properties, so the hot
+# path builds no Publish / Puback / Properties objects.
+_pack_ack = struct.Struct(">BBH").pack
+_TOPIC_CACHE_MAX = 4096
+_topic_cache: dict[str, bytes] = {}
+
+
+def encode_ack_ok(first: int, packet_id: int) -> bytes:
+    """PUBACK (0x40) / PUBREC (0x50) / PUBCOMP (0x70) / PUBREL (0x62) with reason code 0 and no
+    properties: the same two bytes + packet id for every protocol level."""
+    if not 1 <= packet_id <= 0xFFFF:
+        raise ValueError(f"packet identifier must be 1..65535, got {packet_id!r}")
+    return _pack_ack(first, 2, packet_id)
+
+
+def _topic_bytes(topic: str) -> bytes:
+    """Length-prefixed topic name, validated as _enc_publish does; remembered per topic."""
+    b = _topic_cache.get(topic)
+    if b is None:
+        if not topic:
+            raise ValueError("empty topic name requires a topic alias (MQTT 5)")
+        if "+" in topic or "#" in topic:
+            raise ValueError(f"topic name {topic!r} contains a wildcard")
+        b = encode_str(topic)
+        if len(_topic_cache) >= _TOPIC_CACHE_MAX:
+            _topic_cache.clear()
+        _topic_cache[topic] = b
+    return b
+
+
+def encode_publish_plain(topic: str, payload: bytes, qos: int, retain: bool, packet_id: int | None,
+                         version: int) -> bytes:
+    """encode(Publish(topic, payload, qos, retain, False, packet_id, Properties()), version)."""
+    t = _topic_bytes(topic)
+    first = 0x30 | (qos << 1) | (0x01 if retain else 0)
+    if qos:
+        if qos not in (1, 2):
+            raise ValueError(f"QoS must be 0, 1 or 2, got {qos!r}")
+        if not isinstance(packet_id, int) or not 1 <= packet_id <= 0xFFFF:
+            raise ValueError(f"packet identifier must be 1..65535, got {packet_id!r}")
+        head = t + _pack_H(packet_id)
+    else:
+        head = t
+    if version == MQTT_5:
+        head += b"\x00"
+    n = len(head) + len(payload)
+    if n < 0x80:
+        return bytes((first, n)) + head + payload
+    if n > MAX_REMAINING_LENGTH:
+        raise ValueError(f"packet body of {n} bytes exceeds the MQTT maximum {MAX_REMAINING_LENGTH}")
+    return b"".join((bytes((first,)), encode_varint(n), head, payload))
+
+
 def encode(packet: Packet, version: int) -> bytes:
     """The wire bytes of `packet` for protocol level `version` (3, 4 or 5).
 
@@ -724,6 +779,11 @@ class Decoder:
 
     def _ack(self, ptype: int, allowed: frozenset[ReasonCode], name: str,
              mv: memoryview, pos: int, end: int) -> tuple[int, ReasonCode, Properties]:
+        if end - pos == 2:
+            # The usual ack: packet id only (3.1.1, or v5 success without properties).
+            pid = (mv[pos] << 8) | mv[pos + 1]
+            if pid:
+                return pid, ReasonCode.SUCCESS, Properties()
         pid = _packet_id(mv, pos, end)
         pos += 2
         rc = ReasonCode.SUCCESS

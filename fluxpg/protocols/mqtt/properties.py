@@ -137,6 +137,11 @@ class Properties:
     subscription_identifiers: list[int]
 
     def __init__(self, **values: Any):
+        if not values:
+            # Most packets have no properties: one is built for every decoded PUBLISH and ack.
+            self.user_properties = []
+            self.subscription_identifiers = []
+            return
         self.user_properties = list(values.pop("user_properties", None) or ())
         self.subscription_identifiers = list(values.pop("subscription_identifiers", None) or ())
         for name, value in values.items():
@@ -144,6 +149,11 @@ class Properties:
                 raise TypeError(f"unknown MQTT property {name!r}")
             if value is not None:
                 setattr(self, name, value)
+
+    def is_empty(self) -> bool:
+        """Nothing set (cheaper than bool(), which builds the dict of set values)."""
+        d = self.__dict__
+        return len(d) == 2 and not d["user_properties"] and not d["subscription_identifiers"]
 
     def set_values(self) -> dict[str, Any]:
         """The properties that are set (non-None, non-empty lists), in identifier order."""

@@ -61,7 +61,8 @@ from fluxpg.topics import ack_verb, is_queue_topic, parse_queue_topic, split_que
 
 from .codec import (MQTT_5, Auth, Connack, Connect, Decoder, Disconnect, MQTTError, Pingreq, Pingresp,
                     Properties, ProtocolError, Puback, Pubcomp, Publish, Pubrec, Pubrel, Suback, Subscribe,
-                    Unsuback, Unsubscribe, UnsupportedProtocolVersion, encode)
+                    Unsuback, Unsubscribe, UnsupportedProtocolVersion, encode, encode_ack_ok,
+                    encode_publish_plain)
 from .reasons import CONNACK_CODES, DISCONNECT_CODES, ReasonCode
 from .router import Message, Router, SubOptions, _ts, make_sub_options, props_from_json, props_to_json
 
@@ -432,9 +433,15 @@ class Session:
     def deliver_plain(self, msg: Message, opts_list: list) -> asyncio.Future | None:
         """Hand msg on; for a persistent session returns the future of its row's commit (the
         publisher's PUBACK waits for it)."""
-        qos = min(msg.qos, max(o.qos for o in opts_list))
-        retain = msg.retain and any(o.retain_as_published for o in opts_list)
-        sids = [o.subscription_id for o in opts_list if o.subscription_id]
+        if len(opts_list) == 1:
+            o = opts_list[0]
+            qos = min(msg.qos, o.qos)
+            retain = msg.retain and o.retain_as_published
+            sids = [o.subscription_id] if o.subscription_id else []
+        else:
+            qos = min(msg.qos, max(o.qos for o in opts_list))
+            retain = msg.retain and any(o.retain_as_published for o in opts_list)
+            sids = [o.subscription_id for o in opts_list if o.subscription_id]
         out = Outgoing(msg, qos, retain, sids)
         fut = self.persist_new(out, wait=True)
         self.enqueue(out)
@@ -731,6 +738,9 @@ class Connection:
         self.last_rx = 0.0
         self.closed = asyncio.Event()
         self._pipeline: asyncio.Queue[_Item] = asyncio.Queue(maxsize=options.pipeline_depth)
+        # Items pushed and not finished yet (queued or being worked on). At 0 an answer that
+        # waits for nothing has nothing to wait behind either: it is written at once (_on_publish).
+        self._unfinished = 0
         self._tasks: list[asyncio.Task] = []
         self.acks = Settler(ctx.manager, f"mqtt {self.peer}")   # $ack/$nack/$reject and 3.1.1 PUBACKs
         self._lingering = False
@@ -773,6 +783,16 @@ class Connection:
             self.router.qos0_dropped += 1
             return False    # a QoS 0 message may be dropped (§4.3.1); the client is not reading
         topic = msg.topic
+        if not self.v5 or (not msg.props and msg.expires_at is None and not out.sub_ids
+                           and not self.client_alias_max):
+            # Nothing to put in properties: encode(Publish(...)) byte for byte, without objects.
+            data = encode_publish_plain(topic, msg.payload, out.qos, out.retain, out.pid or None, self.version)
+            if self.client_max_packet and len(data) > self.client_max_packet:
+                log.info("MQTT %s: dropping a %d-byte message on %s above the client's maximum packet size",
+                         self.client_id, len(data), topic)
+                return False
+            self.writer.write(data)
+            return True
         props = None
         new_alias = None
         if self.v5:
@@ -1259,15 +1279,16 @@ class Connection:
     # --- the ordered pipeline -----------------------------------------------------------------
 
     async def _push(self, awaitable: Any, answer: Any = None, run: Any = None) -> None:
+        self._unfinished += 1
         await self._pipeline.put(_Item(awaitable, answer, run))
 
     async def _run_pipeline(self) -> None:
         queue = self._pipeline
         while True:
             item = await queue.get()
-            if self.closing:
-                continue    # keep taking items so a reader blocked on put() can finish
             try:
+                if self.closing:
+                    continue    # keep taking items so a reader blocked on put() can finish
                 if item.run is not None:
                     await item.run()
                     continue
@@ -1288,6 +1309,8 @@ class Connection:
                 self._shutdown(c.reason, str(c))
             except (ConnectionError, asyncio.IncompleteReadError):
                 self._shutdown(None)
+            finally:
+                self._unfinished -= 1
 
     # --- packet handlers ----------------------------------------------------------------------
 
@@ -1353,8 +1376,10 @@ class Connection:
         if not self._allowed("publish", topic):
             return self._refuse(p, RC.NOT_AUTHORIZED, f"not allowed to publish to {topic!r}")
         props = p.properties
-        msg = Message(topic, p.payload, qos, p.retain, _message_props(props) if self.v5 else {},
-                      _expiry(props) if self.v5 else None, self.client_id)
+        if self.v5 and not props.is_empty():
+            msg = Message(topic, p.payload, qos, p.retain, _message_props(props), _expiry(props), self.client_id)
+        else:
+            msg = Message(topic, p.payload, qos, p.retain, {}, None, self.client_id)
         fut = self.router.publish(msg)
         if fut is not None:
             self._hold_inbound([fut])   # retained store / relay / session rows hold the payload
@@ -1367,6 +1392,14 @@ class Connection:
             # then recognised and not delivered twice (exactly once).
             sfut = self.session.store.submit("inbound_add", self.client_id, pid, wait=True)
             fut = sfut if fut is None else asyncio.gather(fut, sfut)
+        if fut is None and not self._unfinished:
+            # Delivered already, nothing to commit, no earlier answer still owed: PUBACK/PUBREC
+            # now, in order with the pipeline's answers (none pending), without a pipeline item.
+            if qos == 1:
+                self.inbound_unacked -= 1      # QoS 2: when its PUBREL is answered
+            if not self.closing:
+                self.writer.write(encode_ack_ok(0x40 if qos == 1 else 0x50, pid))
+            return None
         return self._push(fut, self._answer(p, "pub/sub"))
 
     def _answer(self, p: Publish, what: str):

@@ -461,6 +461,7 @@ _ENCODERS: dict[type, Callable[[object, int], bytes]] = {
 # path builds no Publish / Puback / Properties objects.
 _pack_ack = struct.Struct(">BBH").pack
 _TOPIC_CACHE_MAX = 4096
+_TOPIC_CACHE_LEN = 512
 _topic_cache: dict[str, bytes] = {}
 
 
@@ -481,9 +482,10 @@ def _topic_bytes(topic: str) -> bytes:
         if "+" in topic or "#" in topic:
             raise ValueError(f"topic name {topic!r} contains a wildcard")
         b = encode_str(topic)
-        if len(_topic_cache) >= _TOPIC_CACHE_MAX:
-            _topic_cache.clear()
-        _topic_cache[topic] = b
+        if len(topic) <= _TOPIC_CACHE_LEN:     # bounded memory whatever clients publish
+            if len(_topic_cache) >= _TOPIC_CACHE_MAX:
+                _topic_cache.clear()
+            _topic_cache[topic] = b
     return b
 
 
@@ -580,6 +582,7 @@ class Decoder:
         self.version = version
         self._buf = bytearray()
         self._error: MQTTError | None = None
+        self.last_size = 0      # bytes of the packet next_packet() returned last
 
     @property
     def buffered(self) -> int:
@@ -612,6 +615,17 @@ class Decoder:
         if not n:
             return None
         first = buf[0]
+        if first == 0x40 and n >= 4 and buf[1] == 2 and self.version is not None and self.max_packet_size >= 4:
+            # PUBACK with a packet id only, every QoS 1 delivery's answer: what _puback returns
+            # for these four bytes, without the general framing and parser.
+            pid = (buf[2] << 8) | buf[3]
+            if pid:
+                if n == 4:
+                    buf.clear()
+                else:
+                    del buf[:4]
+                self.last_size = 4
+                return Puback(pid, ReasonCode.SUCCESS, Properties())
         ptype = first >> 4
         if self.version is None and ptype != P.CONNECT:
             raise ProtocolError(f"first packet must be CONNECT, got type {ptype}")
@@ -652,6 +666,7 @@ class Decoder:
             buf.clear()
         else:
             del buf[:total]  # CPython advances the start of a bytearray in O(1)
+        self.last_size = total
         return pkt
 
     # -- per-type parsers: (flags, view, start of variable header, end of packet) -> packet --

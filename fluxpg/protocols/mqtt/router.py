@@ -72,6 +72,8 @@ SHARED_CHANNEL = "fluxpg_mqtt_shared"     # sent by fluxpg.mqtt_shared's trigger
 RELAY_KEEP = timedelta(seconds=60)    # relay rows older than this are pruned by their node
 HOUSEKEEPING_INTERVAL = 2.0       # seconds between remote-node checks and prunes
 RELAY_MAX_BATCH = 1000
+MATCH_CACHE_MAX = 10_000          # topics whose matching subscriptions are remembered ...
+MATCH_CACHE_TOPIC = 512           # ... if no longer than this (bounded memory whatever is published)
 OFFLINE_QUEUE_LIMIT = 10_000      # QoS 1/2 messages kept for a disconnected persistent session
 SHARED_RETRY = 1.0                # seconds before a failed shared-membership write is retried
 _M64 = (1 << 64) - 1
@@ -201,6 +203,9 @@ class Router:
         self.manager = manager
         self.node_id: int = manager.node_id
         self.tree: TopicTree[tuple] = TopicTree()
+        # topic -> _targets(topic), for topics published again while the subscriptions stay
+        # as they are (every change of the tree empties it; at most MATCH_CACHE_MAX topics).
+        self._matches: dict[str, tuple[tuple, tuple]] = {}
         self.sessions: dict[str, Session] = {}
         # (share, inner filter) -> client ids of members, in join order; round robin position
         self.shared: dict[tuple[str, str], list[str]] = {}
@@ -331,11 +336,13 @@ class Router:
             members = self.shared.setdefault(key, [])
             if not members:
                 self.tree.add(opts.inner, ("s", opts.share, opts.inner))
+                self._matches.clear()
             if sess.client_id not in members:
                 members.append(sess.client_id)
                 self._shared_changed(key)
         else:
             self.tree.add(opts.inner, ("c", sess.client_id, opts.topic_filter))
+            self._matches.clear()
         return not existed
 
     def remove_subscription(self, sess: Session, topic_filter: str) -> bool:
@@ -353,8 +360,10 @@ class Router:
                 self._rr.pop(key, None)
                 self._key_hashes.pop(key, None)
                 self.tree.remove(opts.inner, ("s", opts.share, opts.inner))
+                self._matches.clear()
         else:
             self.tree.remove(opts.inner, ("c", sess.client_id, opts.topic_filter))
+            self._matches.clear()
         return True
 
     def drop_session(self, sess: Session) -> None:
@@ -514,42 +523,60 @@ class Router:
             fut = asyncio.gather(*waits) if fut is None else asyncio.gather(fut, *waits)
         return fut
 
+    def _targets(self, topic: str) -> tuple[tuple, tuple]:
+        """Who a topic's messages go to, as the tree says now: ((client id, (filter, ...)), ...)
+        for plain subscriptions, grouped by session in match order, and the ((share, inner), ...)
+        shared groups. Remembered per topic until the tree changes."""
+        targets = self._matches.get(topic)
+        if targets is None:
+            by_session: dict[str, list[str]] = {}
+            shared = []
+            for value in self.tree.match(topic):
+                if value[0] == "c":
+                    by_session.setdefault(value[1], []).append(value[2])
+                else:
+                    shared.append((value[1], value[2]))
+            targets = (tuple((cid, tuple(filts)) for cid, filts in by_session.items()), tuple(shared))
+            if len(topic) <= MATCH_CACHE_TOPIC:
+                if len(self._matches) >= MATCH_CACHE_MAX:
+                    self._matches.clear()
+                self._matches[topic] = targets
+        return targets
+
     def route(self, msg: Message, waits: list | None = None) -> int:
         """Hand msg to every matching local session; returns how many got it. The commits of
         rows stored for persistent sessions are appended to `waits`."""
-        matches = self.tree.match(msg.topic)
-        if not matches:
+        plain, shared = self._targets(msg.topic)
+        if not plain and not shared:
             return 0
-        now = time.time()
-        if msg.expired(now):
+        if msg.expires_at is not None and msg.expired():
             return 0
-        per_session: dict[str, list[SubOptions]] = {}
         delivered = 0
-        for value in matches:
-            if value[0] == "c":
-                _, cid, filt = value
-                sess = self.sessions.get(cid)
-                if sess is None:
-                    continue
-                opts = sess.subs.get(filt)
-                if opts is None or (opts.no_local and msg.origin == cid):
-                    continue
-                per_session.setdefault(cid, []).append(opts)
-            else:
-                # Shared: one member of the group gets it, as its own delivery (§4.8.2).
-                _, share, inner = value
-                if not self._owns_shared((share, inner), msg):
-                    continue        # another node delivers it to this group
-                target = self._pick_shared((share, inner))
-                opts = target.subs.get(f"$share/{share}/{inner}") if target is not None else None
-                if opts is not None:
-                    fut = target.deliver_plain(msg, [opts])
-                    if fut is not None and waits is not None:
-                        waits.append(fut)
-                    delivered += 1
+        for share, inner in shared:
+            # Shared: one member of the group gets it, as its own delivery (§4.8.2).
+            if not self._owns_shared((share, inner), msg):
+                continue        # another node delivers it to this group
+            target = self._pick_shared((share, inner))
+            opts = target.subs.get(f"$share/{share}/{inner}") if target is not None else None
+            if opts is not None:
+                fut = target.deliver_plain(msg, [opts])
+                if fut is not None and waits is not None:
+                    waits.append(fut)
+                delivered += 1
         seq = 0
-        for cid, opts_list in per_session.items():
-            sess = self.sessions[cid]
+        sessions = self.sessions
+        for cid, filts in plain:
+            sess = sessions.get(cid)
+            if sess is None:
+                continue
+            subs = sess.subs
+            opts_list = []
+            for filt in filts:
+                opts = subs.get(filt)
+                if opts is not None and not (opts.no_local and msg.origin == cid):
+                    opts_list.append(opts)
+            if not opts_list:
+                continue
             delivered += 1
             if sess.log_open and sess.conn is None and self.offline_log:
                 # Offline persistent session: the message goes to the shared offline log, once

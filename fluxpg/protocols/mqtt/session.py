@@ -519,7 +519,10 @@ class Session:
             out.log = None
 
     def _alloc_pid(self) -> int:
-        for _ in range(0xFFFF):
+        pid = next(self._pids)
+        if pid not in self.inflight:
+            return pid          # the usual case: the window is far from 65535
+        for _ in range(0xFFFE):
             pid = next(self._pids)
             if pid not in self.inflight:
                 return pid
@@ -1170,6 +1173,7 @@ class Connection:
         self._packet_size = 0
         if n <= 0 or not futures:
             return
+        self._sync_partial(self.inbound)   # the packet's bytes are no longer the read buffer's
         self.inbound.charge(n)
         self.inbound_held += n
 
@@ -1197,21 +1201,22 @@ class Connection:
         while not self.closing:
             decoded = False
             while not self.closing:
-                before = decoder.buffered
                 pkt = decoder.next_packet()
                 if pkt is None:
                     break
                 decoded = True
                 # The packet's bytes leave the read buffer; a publish charges them again until
-                # its commit (_hold_inbound), so nothing is counted twice.
-                self._packet_size = before - decoder.buffered
-                self._sync_partial(inbound)
+                # its commit (_hold_inbound), so nothing is counted twice. The read buffer's
+                # charge follows the decoding (_sync_partial) before a charge and before this
+                # task waits -- the only points where the counts are looked at -- not per packet.
+                self._packet_size = decoder.last_size
                 handler = self._HANDLERS.get(type(pkt))
                 if handler is None:
                     raise ProtocolError(f"a client must not send {type(pkt).__name__.upper()}")
                 result = handler(self, pkt)
                 self._packet_size = 0
                 if result is not None:
+                    self._sync_partial(inbound)
                     await result
             self._sync_partial(inbound)
             if self.transport.get_write_buffer_size() > 65536:

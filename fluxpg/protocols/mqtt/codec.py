@@ -507,6 +507,8 @@ def encode_publish_plain(topic: str, payload: bytes, qos: int, retain: bool, pac
     n = len(head) + len(payload)
     if n < 0x80:
         return bytes((first, n)) + head + payload
+    if n < 0x4000:      # two length bytes: payloads up to ~16 KiB
+        return b"".join((bytes((first, (n & 0x7F) | 0x80, n >> 7)), head, payload))
     if n > MAX_REMAINING_LENGTH:
         raise ValueError(f"packet body of {n} bytes exceeds the MQTT maximum {MAX_REMAINING_LENGTH}")
     return b"".join((bytes((first,)), encode_varint(n), head, payload))

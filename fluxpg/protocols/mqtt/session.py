@@ -443,7 +443,7 @@ class Session:
             retain = msg.retain and any(o.retain_as_published for o in opts_list)
             sids = [o.subscription_id for o in opts_list if o.subscription_id]
         out = Outgoing(msg, qos, retain, sids)
-        fut = self.persist_new(out, wait=True)
+        fut = self.persist_new(out, wait=True) if self.stored else None
         self.enqueue(out)
         return fut
 
@@ -1343,8 +1343,10 @@ class Connection:
 
     def _on_publish(self, p: Publish):
         topic = p.topic
-        if self.v5:
-            alias = p.properties.topic_alias
+        props = p.properties
+        v5 = self.version == MQTT_5
+        if v5:
+            alias = props.topic_alias
             if alias is not None:
                 if not 1 <= alias <= self.opt.topic_alias_maximum:
                     raise _Close(RC.TOPIC_ALIAS_INVALID, f"topic alias {alias} out of range")
@@ -1357,7 +1359,7 @@ class Connection:
         qos = p.qos
         pid = p.packet_id
         if qos:
-            if self.v5 and self.inbound_unacked >= self.opt.receive_maximum:
+            if v5 and self.inbound_unacked >= self.opt.receive_maximum:
                 raise _Close(RC.RECEIVE_MAXIMUM_EXCEEDED, "receive maximum exceeded")
             if qos == 2 and pid in self.session.inbound_qos2:
                 # A resend of a QoS 2 message we have: answer again, do not deliver twice.
@@ -1380,8 +1382,7 @@ class Connection:
             return self._refuse(p, RC.TOPIC_NAME_INVALID, f"topic {topic!r} is reserved for the broker")
         if not self._allowed("publish", topic):
             return self._refuse(p, RC.NOT_AUTHORIZED, f"not allowed to publish to {topic!r}")
-        props = p.properties
-        if self.v5 and not props.is_empty():
+        if v5 and not props.is_empty():
             msg = Message(topic, p.payload, qos, p.retain, _message_props(props), _expiry(props), self.client_id)
         else:
             msg = Message(topic, p.payload, qos, p.retain, {}, None, self.client_id)

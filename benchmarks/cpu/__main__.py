@@ -47,8 +47,17 @@ def summarize(result: dict) -> list[dict]:
     samples, peer = result["samples"], result["peer"]
     rows = []
     for label, (fkey, pkey) in result["rows"].items():
-        fl = [s[fkey] for s in samples["fluxpg"] if fkey in s]
-        pl = [s[pkey] for s in samples.get(peer, []) if pkey and pkey in s]
+        # Rounds in which either side lost messages (Sample.complete) are left out of the figures
+        # and the ratios, and counted: per-message CPU over fewer delivered messages than were
+        # handled is not comparable.
+        fl_all = [s.get(fkey) for s in samples["fluxpg"]]
+        pl_all = [s.get(pkey) for s in samples.get(peer, [])] if pkey else []
+        bl_all = [s.get(fkey) for s in samples.get("fluxpg-before", [])]
+        dropped = {"fluxpg": sum(1 for s in fl_all if s is not None and not s.complete),
+                   peer: sum(1 for s in pl_all if s is not None and not s.complete),
+                   "fluxpg-before": sum(1 for s in bl_all if s is not None and not s.complete)}
+        fl = [s for s in fl_all if s is not None and s.complete]
+        pl = [s for s in pl_all if s is not None and s.complete]
         groups = sorted({g for s in fl for g in s.cpu})
         row = {"row": label,
                "fluxpg_us": median([s.us_per_msg() for s in fl]),
@@ -60,14 +69,18 @@ def summarize(result: dict) -> list[dict]:
                "rounds": len(fl)}
         # The ratio of medians and the median of per-round ratios agree when the runs are steady;
         # per-round ratios are the interleaved comparison, so that is the one reported.
-        row["cpu_ratio"] = median([a.us_per_msg() / b.us_per_msg() for a, b in zip(fl, pl) if b.us_per_msg()])
-        row["rate_ratio"] = median([a.rate / b.rate for a, b in zip(fl, pl) if b.rate])
-        bl = [s[fkey] for s in samples.get("fluxpg-before", []) if fkey in s]
+        pairs = [(a, b) for a, b in zip(fl_all, pl_all) if a is not None and b is not None and a.complete and b.complete]
+        row["cpu_ratio"] = median([a.us_per_msg() / b.us_per_msg() for a, b in pairs if b.us_per_msg()])
+        row["rate_ratio"] = median([a.rate / b.rate for a, b in pairs if b.rate])
+        row["incomplete"] = {k: v for k, v in dropped.items() if v}
+        bl = [s for s in bl_all if s is not None and s.complete]
         if bl:
+            bpairs = [(a, b) for a, b in zip(bl_all, pl_all)
+                      if a is not None and b is not None and a.complete and b.complete]
             row["before_us"] = median([s.us_per_msg() for s in bl])
             row["before_parts"] = {g: median([s.us_per_msg(g) for s in bl]) for g in groups}
-            row["before_cpu_ratio"] = median([a.us_per_msg() / b.us_per_msg() for a, b in zip(bl, pl) if b.us_per_msg()])
-            row["before_rate_ratio"] = median([a.rate / b.rate for a, b in zip(bl, pl) if b.rate])
+            row["before_cpu_ratio"] = median([a.us_per_msg() / b.us_per_msg() for a, b in bpairs if b.us_per_msg()])
+            row["before_rate_ratio"] = median([a.rate / b.rate for a, b in bpairs if b.rate])
         rows.append(row)
     return rows
 
@@ -83,6 +96,10 @@ def report(result: dict, rows: list[dict]) -> str:
         lines.append(f"| {r['row']} | {fmt(r['fluxpg_us'])} ({parts}) | {fmt(r['peer_us'])} | "
                      f"{fmt(r['cpu_ratio'], 2)} × | {fmt(r['fluxpg_rate'])} | {fmt(r['peer_rate'])} | "
                      f"{fmt(r['rate_ratio'], 2)} | {fmt(r['fluxpg_p50'], 2)} / {fmt(r['peer_p50'], 2)} |")
+    for r in rows:
+        if r.get("incomplete"):
+            lines.append(f"\n{r['row']}: rounds left out because messages were lost (per side): "
+                         + ", ".join(f"{k} {v}" for k, v in r["incomplete"].items()))
     if any("before_us" in r for r in rows):
         lines += ["", "Before (--compare-with) and after, same rounds:", "",
                   f"| path | before µs/msg (broker + PG) | after µs/msg (broker + PG) | CPU ratio to {peer} before → after "

@@ -109,6 +109,14 @@ class Sample:
     seconds: float
     cpu: dict[str, float]
     latencies: list[float] = field(default_factory=list)
+    expected: int = 0          # messages sent; 0 = every message sent is counted in `messages`
+
+    @property
+    def complete(self) -> bool:
+        """Every message sent arrived. A run in which the broker dropped some (Mosquitto's
+        max_queued_messages, fluxpg's 0x97 for a subscriber past the session bound) did the
+        work of `expected` messages but counts fewer: its figures per message are not comparable."""
+        return not self.expected or self.messages >= self.expected
 
     def us_per_msg(self, *groups: str) -> float:
         return sum(self.cpu[g] for g in (groups or self.cpu)) / max(self.messages, 1) * 1e6

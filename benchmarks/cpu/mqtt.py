@@ -70,7 +70,7 @@ def _measure(host: str, port: int, topic: str, run: Run, meter: Meter, inflight:
         why = f"subscriber disconnected by the broker: {', '.join(sub_disconnects)}" if sub_disconnects \
             else "dropped by the broker, no disconnect"
         print(f"  {run.n - got} of {run.n} messages were not delivered ({why})", file=sys.stderr)
-    return Sample(got, run.last_received - run.first_sent, cpu, run.latencies)
+    return Sample(got, run.last_received - run.first_sent, cpu, run.latencies, expected=run.n)
 
 
 def pubsub(host: str, port: int, n: int, meter: Meter, inflight: int = 100) -> Sample:

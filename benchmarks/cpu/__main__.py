@@ -72,6 +72,11 @@ def summarize(result: dict) -> list[dict]:
         pairs = [(a, b) for a, b in zip(fl_all, pl_all) if a is not None and b is not None and a.complete and b.complete]
         row["cpu_ratio"] = median([a.us_per_msg() / b.us_per_msg() for a, b in pairs if b.us_per_msg()])
         row["rate_ratio"] = median([a.rate / b.rate for a, b in pairs if b.rate])
+        # When losses leave few rounds complete on both sides, the ratio of the two medians
+        # (each over its side's complete rounds) is the comparison that remains.
+        row["cpu_ratio_of_medians"] = row["fluxpg_us"] / row["peer_us"] if row["peer_us"] else float("nan")
+        row["rate_ratio_of_medians"] = row["fluxpg_rate"] / row["peer_rate"] if row["peer_rate"] else float("nan")
+        row["pairs"] = len(pairs)
         row["incomplete"] = {k: v for k, v in dropped.items() if v}
         bl = [s for s in bl_all if s is not None and s.complete]
         if bl:
@@ -97,6 +102,9 @@ def report(result: dict, rows: list[dict]) -> str:
                      f"{fmt(r['cpu_ratio'], 2)} × | {fmt(r['fluxpg_rate'])} | {fmt(r['peer_rate'])} | "
                      f"{fmt(r['rate_ratio'], 2)} | {fmt(r['fluxpg_p50'], 2)} / {fmt(r['peer_p50'], 2)} |")
     for r in rows:
+        if r.get("pairs", r["rounds"]) < r["rounds"] or r.get("incomplete"):
+            lines.append(f"\n{r['row']}: rounds complete on both sides {r.get('pairs')}; ratio of the medians: "
+                         f"CPU {fmt(r['cpu_ratio_of_medians'], 2)} ×, throughput {fmt(r['rate_ratio_of_medians'], 2)}")
         if r.get("incomplete"):
             lines.append(f"\n{r['row']}: rounds left out because messages were lost (per side): "
                          + ", ".join(f"{k} {v}" for k, v in r["incomplete"].items()))

@@ -24,11 +24,13 @@ every confirmed publish is a row of fluxpg.log.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections import deque
 import json
 import logging
 import os
 import socket
+import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -96,6 +98,25 @@ class QueueInfo:
         return self.settings.get("primary_group") or ""
 
 
+class ClaimSlot:
+    """What a node's classic consumers of one (queue, group, selector) share: one claim in flight
+    at a time, and the wake-up state (QueueManager._wake_state) at which a claim last came back
+    short (nothing more to claim then)."""
+
+    __slots__ = ("lock", "drained_at", "__weakref__")
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.drained_at: tuple[int, int] | None = None
+
+    def claimed(self, asked: int, state: tuple[int, int], fetch: asyncio.Future) -> None:
+        """A claim ended: note whether it came back short, then let the next one run (in this
+        order, from the claim's own callback: the next consumer must see the note)."""
+        if not fetch.cancelled() and fetch.exception() is None and len(fetch.result()) < asked:
+            self.drained_at = state
+        self.lock.release()
+
+
 class Subscription:
     """One consumer of one queue: delivers in order, within its credit (flow window)."""
 
@@ -134,6 +155,8 @@ class Subscription:
         # Set while the appender claims for this subscription in a publish's transaction
         # (LocalHandoff); resolves to (deliveries, n asked, quiet token) or None (claim yourself).
         self._handoff: asyncio.Future | None = None
+        self._slot: ClaimSlot | None = None     # classic: shared with this node's consumers of the group
+        self._must_claim = True                 # claim even if the slot says the group is drained
 
     # --- flow control -------------------------------------------------------------------------
 
@@ -219,6 +242,10 @@ class Subscription:
                         break
                     after = own[-1].seq
             quiet = None   # after a handoff that reached the head: the wake-up state meaning "nothing since"
+            # Claim even if the slot says the group was drained: at start, and after a poll
+            # timeout (redeliveries that become due by time send no NOTIFY).
+            self._must_claim = True
+            self._slot = self.manager._claim_slot(self.queue_id, self.group, self.selector) if self.kind == "classic" else None
             while not self._closed:
                 if self._credit is not None and self._credit <= 0:
                     if self.kind == "stream" and self.partitions > 1:
@@ -239,7 +266,32 @@ class Subscription:
                     quiet = await self._idle_wait(waker, poll)
                     continue
                 quiet = None
+                slot = self._slot
+                if slot is not None:
+                    # One claim of this group at a time on this node: claims of a group serialise
+                    # on its cursor row in PostgreSQL anyway, so a second one in flight only waits
+                    # there (holding a pool connection). Waiting here instead, the credit that
+                    # acks free meanwhile goes into this consumer's claim: fewer, larger claims.
+                    await slot.lock.acquire()
+                    if self._closed or (self._credit is not None and self._credit <= 0):
+                        slot.lock.release()
+                        continue
+                    n = batch if self._credit is None else min(self._credit, batch)
+                    state = self.manager._wake_state(self.queue_id)
+                    if not self._must_claim and slot.drained_at == state:
+                        # A claim of this group on this node (or a handoff for it), made after the
+                        # queue's last wake-up, came back short: nothing was committed since (a
+                        # commit wakes), so this claim would be empty. Every wake-up used to make
+                        # each consumer of every node claim, most of them for nothing.
+                        slot.lock.release()
+                        try:
+                            await asyncio.wait_for(waker.wait(), poll)
+                        except asyncio.TimeoutError:
+                            self._must_claim = True
+                        continue
                 fetch = asyncio.ensure_future(self._fetch(n))
+                if slot is not None:
+                    fetch.add_done_callback(functools.partial(slot.claimed, n, state))
                 try:
                     try:
                         deliveries = await asyncio.shield(fetch)
@@ -253,6 +305,7 @@ class Subscription:
                                 pass
                         raise
                     backoff = 0.05
+                    self._must_claim = False
                 except Unavailable as exc:
                     log.warning("%s/%s: %s; retrying in %.2fs", self.queue, self.consumer, exc, backoff)
                     await asyncio.sleep(backoff)
@@ -287,7 +340,7 @@ class Subscription:
         try:
             await asyncio.wait_for(waker.wait(), poll)
         except asyncio.TimeoutError:
-            pass
+            self._must_claim = True     # redeliveries due by time send no wake-up
         finally:
             if idle:
                 mgr._idle_remove(self)
@@ -417,6 +470,10 @@ class LocalHandoff:
                                        payload=bytes(r[6]), headers=r[7] or {}, created_at=r[8],
                                        delivery_count=r[9], kind="classic") for r in claimed[i]]
                 result = (deliveries, t.n, (count + 1, epoch))
+                if deliveries and len(deliveries) < t.n and sub._slot is not None:
+                    # It reached the head: the group's other consumers here need not claim on
+                    # this batch's wake-up (set now, before any of them runs).
+                    sub._slot.drained_at = (count + 1, epoch)
             fut = sub._handoff
             task = sub._task
             waiting = fut is not None and not fut.done()
@@ -461,6 +518,8 @@ class QueueManager:
         self._wake_counts: dict[int, int] = {}
         self._wake_epoch = 0
         self._idle: dict[int, dict[Subscription, tuple[int, int]]] = {}
+        self._claim_slots: weakref.WeakValueDictionary[tuple[int | None, str, str | None], ClaimSlot] = \
+            weakref.WeakValueDictionary()
         self._listener: db.Listener | None = None
         self.appender: Appender | None = None
         self.sequencer: Sequencer | None = None
@@ -695,6 +754,15 @@ class QueueManager:
 
     def _wake_state(self, queue_id: int | None) -> tuple[int, int]:
         return (self._wake_counts.get(queue_id, 0), self._wake_epoch)
+
+    def _claim_slot(self, queue_id: int | None, group: str, selector: str | None) -> ClaimSlot:
+        """Shared by this node's classic subscriptions of (queue, group, selector); it lives as
+        long as one of them does."""
+        key = (queue_id, group, selector)
+        slot = self._claim_slots.get(key)
+        if slot is None:
+            slot = self._claim_slots[key] = ClaimSlot()
+        return slot
 
     def _quiet(self, queue_id: int | None, token: tuple[int, int]) -> bool:
         """No wake-up of the queue since the one `token` (LocalHandoff) counted on."""

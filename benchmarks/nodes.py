@@ -1,79 +1,50 @@
-"""Scale-out: publish and consume throughput with 1, 2 and 4 broker nodes on one database.
+"""Scale-out: CPU per message with 1, 2 and 4 broker nodes on one database.
 
-    python benchmarks/nodes.py --dsn postgresql://postgres@127.0.0.1:5432/postgres [--messages 20000]
+    python benchmarks/nodes.py [--dsn postgresql://postgres@127.0.0.1:5432/postgres]
+        [--messages 20000] [--rounds 3] [--workers 1 2 4]
 
 Each run starts `fluxpg serve --workers N` (N processes sharing one AMQP 0-9-1 port through
 SO_REUSEPORT, so the kernel spreads the client connections over the nodes) on a fresh database,
-then publishes with confirms from several aio-pika connections, then consumes + acks the backlog
-from as many connections. CPU seconds are read from /proc for the broker processes, for
-PostgreSQL's processes and for this (client) process: on a 2-core machine the three compete, so
-the CPU columns say where the time went.
+publishes with confirms from several aio-pika connections (100 in flight each), then consumes +
+acks the backlog from as many connections (prefetch 200, group `bench`).
+
+On this 2-core machine more nodes cannot add throughput, so the measure is the cost: **CPU µs per
+message** of the broker processes and of the PostgreSQL backends of the run's database
+(benchmarks/cpu/accounting.py), per phase, as a ratio to one node (target ≤ 1.2 ×). Rounds
+interleave the node counts (order reversed every other round); figures are medians over rounds.
+
+Where the cost goes, per consumed message: SQL function calls and their time
+(`pg_stat_user_functions`, `track_functions = pl` on the run's database, read after the broker
+stopped so every backend flushed its counts) and how often a claim waited for a lock (pg_locks
+sampled every 10 ms during the consume phase: claims waiting, and on what).
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import os
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import time
-import urllib.request
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import aio_pika  # noqa: E402
 
+from benchmarks.cpu.accounting import Broker, children, load_note, median  # noqa: E402
 from fluxpg import db  # noqa: E402
 from fluxpg.testing import fresh_database  # noqa: E402
 
 PAYLOAD = b"x" * 256
-TICKS = os.sysconf("SC_CLK_TCK")
+CONFIG = "queues:\n  - name: bench\n    limits: {max_depth: 0}\nqueue_manager: {max_pending_per_group: 1000000}\n"
+FUNCTIONS = ("claim", "_window", "ack", "append_batch", "_ensure_member", "_touch_member")
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def cpu_seconds(pids: list[int]) -> float:
-    total = 0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])      # utime + stime
-        except (OSError, IndexError, ValueError):
-            pass
-    return total / TICKS
-
-
-def children(pid: int) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            if ppid == pid:
-                out.append(int(entry.name))
-    return out
-
-
-def postgres_pids() -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if (entry / "comm").read_text().strip() == "postgres":
-                    pids.append(int(entry.name))
-            except OSError:
-                pass
-    return pids
+WAITS = """
+SELECT l.locktype, l.relation AS rel, a.query
+  FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+ WHERE NOT l.granted AND a.datname = $1
+"""
 
 
 async def publish(url: str, count: int, queue: str, window: int) -> None:
@@ -105,82 +76,147 @@ async def consume(url: str, queue: str, counter: dict, total: int, done: asyncio
     return connection
 
 
-async def run(dsn: str, workers: int, messages: int, connections: int) -> dict:
-    port, http = free_port(), free_port()
-    config = Path(tempfile.mkdtemp()) / "fluxpg.yaml"
-    config.write_text("queues:\n  - name: bench\n    limits: {max_depth: 0}\n"
-                      "queue_manager: {max_pending_per_group: 1000000}\n")
-    proc = subprocess.Popen([sys.executable, "-m", "fluxpg.cli", "serve", "--config", str(config), "--dsn", dsn,
-                             "--workers", str(workers), "--mqtt", "off", "--amqp", "off",
-                             "--amqp091", f"127.0.0.1:{port}", "--http", f"127.0.0.1:{http}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+async def sample_waits(admin_dsn: str, database: str, stop: asyncio.Event) -> tuple[int, Counter]:
+    """Lock waits of the run's backends every 10 ms (asked from another database)."""
+    c = await db.connect(admin_dsn)
+    samples, seen = 0, Counter()
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{http}/healthz", timeout=1):
-                    break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("broker did not start")
-                time.sleep(0.2)
-        while len(children(proc.pid)) < workers and time.monotonic() < deadline:
-            time.sleep(0.2)
-        await asyncio.sleep(1.0)
-        url = f"amqp://guest:guest@127.0.0.1:{port}/"
-        broker_pids = lambda: [proc.pid] + children(proc.pid)  # noqa: E731
-        result = {"workers": workers}
-        for phase in ("publish", "consume"):
-            b0, p0, c0 = cpu_seconds(broker_pids()), cpu_seconds(postgres_pids()), cpu_seconds([os.getpid()])
-            start = time.perf_counter()
-            if phase == "publish":
-                share = messages // connections
-                await asyncio.gather(*(publish(url, share, "bench", 100) for _ in range(connections)))
-                n = share * connections
-            else:
-                counter, done = {"n": 0}, asyncio.Event()
-                conns = [await consume(url, "bench", counter, messages // connections * connections, done)
-                         for _ in range(connections)]
-                await asyncio.wait_for(done.wait(), 600)
-                n = counter["n"]
-            elapsed = time.perf_counter() - start
-            if phase == "consume":
-                for c in conns:
-                    await c.close()
-            result[phase] = {"msgs_per_s": n / elapsed, "seconds": elapsed,
-                             "broker_cpu_s": cpu_seconds(broker_pids()) - b0,
-                             "postgres_cpu_s": cpu_seconds(postgres_pids()) - p0,
-                             "client_cpu_s": cpu_seconds([os.getpid()]) - c0}
-        return result
+        while not stop.is_set():
+            samples += 1
+            for r in await c.fetch(WAITS, database):
+                q = r["query"]
+                kind = next((f for f in ("claim", "ack", "append_batch") if f"fluxpg.{f}(" in q), q[:30])
+                seen[(kind, r["locktype"], r["rel"])] += 1
+            await asyncio.sleep(0.01)
     finally:
-        proc.send_signal(signal.SIGTERM)
+        await c.close()
+    return samples, seen
+
+
+async def run(server_dsn: str, workers: int, messages: int, connections: int, repo: Path | None = None) -> dict:
+    with fresh_database(server_dsn) as dsn:
+        await asyncio.to_thread(db.migrate, dsn)
+        admin = await db.connect(server_dsn)
+        database = dsn.rsplit("/", 1)[1].split("?")[0]
+        await admin.execute(f'ALTER DATABASE "{database}" SET track_functions = \'pl\'')
+        broker = Broker(dsn, server_dsn, CONFIG, ["amqp091"], workers=workers, repo=repo)
         try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+            deadline = time.monotonic() + 60
+            while len(children(broker.proc.pid)) < workers and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+            await asyncio.sleep(1.0)
+            url = f"amqp://guest:guest@127.0.0.1:{broker.ports['amqp091']}/"
+            result = {"workers": workers}
+            for phase in ("publish", "consume"):
+                meter = broker.meter()
+                stop = asyncio.Event()
+                sampler = asyncio.create_task(sample_waits(server_dsn, database, stop)) if phase == "consume" else None
+                meter.begin()
+                start = time.perf_counter()
+                if phase == "publish":
+                    share = messages // connections
+                    await asyncio.gather(*(publish(url, share, "bench", 100) for _ in range(connections)))
+                    n = share * connections
+                else:
+                    counter, done = {"n": 0}, asyncio.Event()
+                    conns = [await consume(url, "bench", counter, messages // connections * connections, done)
+                             for _ in range(connections)]
+                    await asyncio.wait_for(done.wait(), 600)
+                    n = counter["n"]
+                elapsed = time.perf_counter() - start
+                cpu = meter.end()
+                if sampler is not None:
+                    stop.set()
+                    result["wait_samples"], result["waits"] = await sampler
+                if phase == "consume":
+                    for c in conns:
+                        await c.close()
+                result[phase] = {"n": n, "msgs_per_s": n / elapsed, "seconds": elapsed,
+                                 "broker_us": cpu["broker"] / n * 1e6, "pg_us": cpu["pg"] / n * 1e6}
+        finally:
+            broker.close()
+        await asyncio.sleep(0.5)         # the broker's backends exit and flush their statistics
+        c = await db.connect(dsn)
+        try:
+            rows = await c.fetch("SELECT funcname, calls, self_time FROM pg_stat_user_functions "
+                                 "WHERE schemaname = 'fluxpg' AND funcname = ANY($1)", list(FUNCTIONS))
+            # The relations waited for (their OIDs mean something in the run's database only).
+            names = {oid: await c.fetchval("SELECT $1::oid::regclass::text", oid)
+                     for (_, _, oid) in result["waits"] if oid is not None}
+        finally:
+            await c.close()
+        await admin.close()
+        waits = Counter()
+        for (kind, locktype, oid), v in result["waits"].items():
+            waits[(kind, locktype, names.get(oid, ""))] += v
+        result["waits"] = waits
+        result["functions"] = {r["funcname"]: (r["calls"], r["self_time"]) for r in rows}
+        return result
 
 
-async def main(args) -> list[dict]:
-    results = []
-    for workers in args.workers:
-        with fresh_database(args.dsn) as dsn:
-            await asyncio.to_thread(db.migrate, dsn)
-            results.append(await run(dsn, workers, args.messages, args.connections))
-    return results
+async def main(args) -> dict[str, list[list[dict]]]:
+    sides = {"this checkout": None}
+    if args.compare_with:
+        sides[f"{args.compare_with}"] = Path(args.compare_with)
+    rounds: dict[str, list[list[dict]]] = {side: [] for side in sides}
+    for i in range(args.rounds):
+        order = [(w, side) for w in args.workers for side in sides]
+        if i % 2:
+            order.reverse()
+        results: dict[str, dict] = {side: {} for side in sides}
+        for workers, side in order:
+            results[side][workers] = r = await run(args.dsn, workers, args.messages, args.connections, sides[side])
+            print(f"round {i + 1}, {side}, {workers} node(s): publish {r['publish']['broker_us']:.0f} + {r['publish']['pg_us']:.0f} µs/msg, "
+                  f"consume {r['consume']['broker_us']:.0f} + {r['consume']['pg_us']:.0f} µs/msg, "
+                  f"claims {r['functions'].get('claim', (0, 0))[0]}, acks {r['functions'].get('ack', (0, 0))[0]}",
+                  flush=True)
+        for side in sides:
+            rounds[side].append([results[side][w] for w in args.workers])
+    return rounds
 
 
-def report(results: list[dict], args) -> str:
+def report(rounds: list[list[dict]], args) -> str:
     lines = [f"{args.messages:,} messages of {len(PAYLOAD)} B, {args.connections} client connections, "
-             f"{os.cpu_count()} CPUs", "",
-             "| nodes | phase | msgs/s | × 1 node | broker CPU s | PostgreSQL CPU s | client CPU s | wall s |",
-             "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    base = {phase: results[0][phase]["msgs_per_s"] for phase in ("publish", "consume")}
-    for r in results:
-        for phase in ("publish", "consume"):
-            p = r[phase]
-            lines.append(f"| {r['workers']} | {phase} | {p['msgs_per_s']:,.0f} | {p['msgs_per_s'] / base[phase]:.2f} | "
-                         f"{p['broker_cpu_s']:.1f} | {p['postgres_cpu_s']:.1f} | {p['client_cpu_s']:.1f} | "
-                         f"{p['seconds']:.1f} |")
+             f"{args.rounds} rounds (medians), {load_note()}", "",
+             "| nodes | phase | msgs/s | broker µs/msg | PostgreSQL µs/msg | total µs/msg | × 1 node |",
+             "| ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
+    nodes = len(rounds[0])
+    for phase in ("publish", "consume"):
+        base = None
+        for k in range(nodes):
+            runs = [rnd[k] for rnd in rounds]
+            b = median([r[phase]["broker_us"] for r in runs])
+            p = median([r[phase]["pg_us"] for r in runs])
+            rate = median([r[phase]["msgs_per_s"] for r in runs])
+            # Ratio: median of per-round ratios to that round's one-node run.
+            ratio = median([(r[phase]["broker_us"] + r[phase]["pg_us"]) /
+                            (rnd[0][phase]["broker_us"] + rnd[0][phase]["pg_us"]) for r, rnd in zip(runs, rounds)])
+            base = base or b + p
+            lines.append(f"| {runs[0]['workers']} | {phase} | {rate:,.0f} | {b:.0f} | {p:.0f} | {b + p:.0f} | {ratio:.2f} |")
+    lines += ["", "Consume phase, per 1,000 consumed messages (medians): SQL calls and PostgreSQL time "
+              "(pg_stat_user_functions self time, ms), lock waits seen (10 ms samples)", "",
+              "| nodes | claim calls | msgs per claim | claim ms | _window ms | ack calls | ack ms | claim lock waits / s |",
+              "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for k in range(nodes):
+        runs = [rnd[k] for rnd in rounds]
+
+        def per_k(name, idx):
+            return median([r["functions"].get(name, (0, 0))[idx] / r["consume"]["n"] * 1000 for r in runs])
+
+        waits = median([sum(v for (kind, _, _), v in r["waits"].items() if kind == "claim") / r["consume"]["seconds"]
+                        / 100 for r in runs])   # samples are 10 ms apart: waiting claims per sample
+        claims = per_k("claim", 0)
+        lines.append(f"| {runs[0]['workers']} | {claims:.1f} | {1000 / claims if claims else float('nan'):.1f} | "
+                     f"{per_k('claim', 1):.1f} | {per_k('_window', 1):.1f} | {per_k('ack', 0):.1f} | "
+                     f"{per_k('ack', 1):.1f} | {waits:.2f} |")
+    lines += ["", "Lock waits seen in the consume phase (samples, all rounds):"]
+    total = Counter()
+    for rnd in rounds:
+        for r in rnd:
+            for key, v in r["waits"].items():
+                total[(r["workers"],) + key] += v
+    for (w, kind, locktype, rel), v in sorted(total.items(), key=lambda kv: (kv[0][0], -kv[1]))[:20]:
+        lines.append(f"- {w} node(s): {kind} waiting on {locktype} {rel}: {v}")
     return "\n".join(lines)
 
 
@@ -189,6 +225,10 @@ if __name__ == "__main__":
     parser.add_argument("--dsn", default=os.environ.get("FLUXPG_TEST_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"))
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--connections", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--compare-with", help="another checkout whose broker runs in the same rounds (before/after)")
     args = parser.parse_args()
-    print(report(asyncio.run(main(args)), args))
+    for side, rounds in asyncio.run(main(args)).items():
+        print(f"\n## {side}\n")
+        print(report(rounds, args))

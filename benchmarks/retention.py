@@ -142,7 +142,7 @@ async def fill(dsn: str, qid: int, topic: str, n: int, conns: int = 3, batch: in
 LOCK_WAITS = """
 SELECT w.pid, left(regexp_replace(w.query, '\\s+', ' ', 'g'), 70) AS waiter,
        l.locktype, l.mode, coalesce(l.relation::regclass::text, l.transactionid::text, l.virtualxid) AS object,
-       extract(epoch FROM now() - w.query_start) AS waited,
+       extract(epoch FROM now() - l.waitstart) AS waited,
        (SELECT left(regexp_replace(b.query, '\\s+', ' ', 'g'), 70) FROM pg_stat_activity b
          WHERE b.pid = (pg_blocking_pids(w.pid))[1] LIMIT 1) AS blocker
   FROM pg_locks l JOIN pg_stat_activity w ON w.pid = l.pid
@@ -207,6 +207,11 @@ def stats(timings: list[Timing]) -> dict:
             "mean": statistics.fmean(s) * 1e3 if s else float("nan")}
 
 
+async def segments(conn, qid: int) -> int:
+    return await conn.fetchval("SELECT count(*) FROM pg_inherits WHERE inhparent = $1::regclass "
+                               "AND NOT inhdetachpending", f"fluxpg.log_{qid}")
+
+
 async def due_count(conn, qid: int) -> int:
     return await conn.fetchval("SELECT count(*) FROM fluxpg.due_segments() WHERE queue_id = $1", qid)
 
@@ -235,8 +240,7 @@ async def run_path(path: str, dsn: str, admin_dsn: str, qname: str, qid: int, ar
         ref_start = time.perf_counter()
         await asyncio.sleep(args.reference)
         ref_end = time.perf_counter()
-        before = await conn.fetchval("SELECT count(*) FROM pg_inherits WHERE inhparent = $1::regclass",
-                                     f"fluxpg.log_{qid}")
+        before = await segments(conn, qid)
         first_before = await conn.fetchval("SELECT first_seq FROM fluxpg.heads WHERE queue_id = $1", qid)
         monitor = Monitor(dsn, qid)
         mon = asyncio.create_task(monitor.run())
@@ -247,23 +251,23 @@ async def run_path(path: str, dsn: str, admin_dsn: str, qname: str, qid: int, ar
         due = await due_count(conn, qid)
         t_due = time.perf_counter()
         calls = 0
-        if path == "sql":
-            driver = await db.connect(dsn)
-            try:
-                while await due_count(driver, qid) > 0 and time.perf_counter() - t_due < 600:
+        # Done when the due segments are gone, seen in pg_inherits (cheap: due_segments() itself
+        # reads every segment, which would load the machine while it is measured).
+        driver = await db.connect(dsn)
+        try:
+            while await segments(driver, qid) > before - due and time.perf_counter() - t_due < 600:
+                if path == "sql":
                     await driver.fetchval("SELECT fluxpg.enforce_retention()")
                     calls += 1
-            finally:
-                await driver.close()
-        else:
-            while await due_count(conn, qid) > 0 and time.perf_counter() - t_due < 600:
-                await asyncio.sleep(0.05)
+                else:
+                    await asyncio.sleep(0.05)
+        finally:
+            await driver.close()
         t_done = time.perf_counter()
         await asyncio.sleep(0.3)
         monitor.stop.set()
         await mon
-        after = await conn.fetchval("SELECT count(*) FROM pg_inherits WHERE inhparent = $1::regclass",
-                                    f"fluxpg.log_{qid}")
+        after = await segments(conn, qid)
         window = monitor.window(before, after) or (t_due, t_done)
         await asyncio.sleep(1.0)      # a tail after the drop
         pubs.stop.set()

@@ -60,6 +60,20 @@ async def publish(url: str, count: int, queue: str, window: int) -> None:
     await connection.close()
 
 
+async def publish_paced(url: str, count: int, queue: str, rate: float) -> None:
+    """Publish `count` messages at `rate` a second, each confirmed before the next."""
+    connection = await aio_pika.connect(url)
+    channel = await connection.channel(publisher_confirms=True)
+    nxt = time.perf_counter()
+    for _ in range(count):
+        delay = nxt - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        await channel.default_exchange.publish(aio_pika.Message(PAYLOAD, delivery_mode=2), routing_key=queue)
+        nxt = max(nxt + 1 / rate, time.perf_counter())
+    await connection.close()
+
+
 async def consume(url: str, queue: str, counter: dict, total: int, done: asyncio.Event):
     connection = await aio_pika.connect(url)
     channel = await connection.channel()
@@ -93,7 +107,8 @@ async def sample_waits(admin_dsn: str, database: str, stop: asyncio.Event) -> tu
     return samples, seen
 
 
-async def run(server_dsn: str, workers: int, messages: int, connections: int, repo: Path | None = None) -> dict:
+async def run(server_dsn: str, workers: int, messages: int, connections: int, repo: Path | None = None,
+              live: int = 0, rate: float = 1000.0) -> dict:
     with fresh_database(server_dsn) as dsn:
         await asyncio.to_thread(db.migrate, dsn)
         admin = await db.connect(server_dsn)
@@ -102,18 +117,37 @@ async def run(server_dsn: str, workers: int, messages: int, connections: int, re
         broker = Broker(dsn, server_dsn, CONFIG, ["amqp091"], workers=workers, repo=repo)
         try:
             deadline = time.monotonic() + 60
-            while len(children(broker.proc.pid)) < workers and time.monotonic() < deadline:
+            while workers > 1 and len(children(broker.proc.pid)) < workers and time.monotonic() < deadline:
                 await asyncio.sleep(0.2)
             await asyncio.sleep(1.0)
             url = f"amqp://guest:guest@127.0.0.1:{broker.ports['amqp091']}/"
             result = {"workers": workers}
-            for phase in ("publish", "consume"):
+            if not live:
+                # What the nodes cost doing nothing (polls, heartbeats), CPU ms per second.
+                meter = broker.meter()
+                meter.begin()
+                await asyncio.sleep(3.0)
+                idle = meter.end()
+                result["idle"] = {"broker_ms_s": idle["broker"] / 3 * 1e3, "pg_ms_s": idle["pg"] / 3 * 1e3}
+            for phase in (("live",) if live else ("publish", "consume")):
                 meter = broker.meter()
                 stop = asyncio.Event()
-                sampler = asyncio.create_task(sample_waits(server_dsn, database, stop)) if phase == "consume" else None
+                sampler = asyncio.create_task(sample_waits(server_dsn, database, stop)) if phase != "publish" else None
+                if phase == "live":
+                    # Consumers first, idle; then paced publishers: every committed batch wakes them.
+                    counter, done = {"n": 0}, asyncio.Event()
+                    share = live // connections
+                    conns = [await consume(url, "bench", counter, share * connections, done)
+                             for _ in range(connections)]
+                    await asyncio.sleep(1.0)
                 meter.begin()
                 start = time.perf_counter()
-                if phase == "publish":
+                if phase == "live":
+                    await asyncio.gather(*(publish_paced(url, share, "bench", rate / connections)
+                                           for _ in range(connections)))
+                    await asyncio.wait_for(done.wait(), 600)
+                    n = counter["n"]
+                elif phase == "publish":
                     share = messages // connections
                     await asyncio.gather(*(publish(url, share, "bench", 100) for _ in range(connections)))
                     n = share * connections
@@ -128,7 +162,7 @@ async def run(server_dsn: str, workers: int, messages: int, connections: int, re
                 if sampler is not None:
                     stop.set()
                     result["wait_samples"], result["waits"] = await sampler
-                if phase == "consume":
+                if phase != "publish":
                     for c in conns:
                         await c.close()
                 result[phase] = {"n": n, "msgs_per_s": n / elapsed, "seconds": elapsed,
@@ -165,11 +199,18 @@ async def main(args) -> dict[str, list[list[dict]]]:
             order.reverse()
         results: dict[str, dict] = {side: {} for side in sides}
         for workers, side in order:
-            results[side][workers] = r = await run(args.dsn, workers, args.messages, args.connections, sides[side])
+            r = await run(args.dsn, workers, args.messages, args.connections, sides[side])
             print(f"round {i + 1}, {side}, {workers} node(s): publish {r['publish']['broker_us']:.0f} + {r['publish']['pg_us']:.0f} µs/msg, "
                   f"consume {r['consume']['broker_us']:.0f} + {r['consume']['pg_us']:.0f} µs/msg, "
                   f"claims {r['functions'].get('claim', (0, 0))[0]}, acks {r['functions'].get('ack', (0, 0))[0]}",
                   flush=True)
+            if args.live:
+                lv = await run(args.dsn, workers, args.messages, args.connections, sides[side], args.live, args.rate)
+                r["live"], r["live_functions"] = lv["live"], lv["functions"]
+                r["live_waits"] = lv["waits"]
+                print(f"round {i + 1}, {side}, {workers} node(s): live {lv['live']['broker_us']:.0f} + "
+                      f"{lv['live']['pg_us']:.0f} µs/msg, claims {lv['functions'].get('claim', (0, 0))[0]}", flush=True)
+            results[side][workers] = r
         for side in sides:
             rounds[side].append([results[side][w] for w in args.workers])
     return rounds
@@ -181,7 +222,7 @@ def report(rounds: list[list[dict]], args) -> str:
              "| nodes | phase | msgs/s | broker µs/msg | PostgreSQL µs/msg | total µs/msg | × 1 node |",
              "| ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
     nodes = len(rounds[0])
-    for phase in ("publish", "consume"):
+    for phase in ("publish", "consume") + (("live",) if "live" in rounds[0][0] else ()):
         base = None
         for k in range(nodes):
             runs = [rnd[k] for rnd in rounds]
@@ -193,6 +234,19 @@ def report(rounds: list[list[dict]], args) -> str:
                             (rnd[0][phase]["broker_us"] + rnd[0][phase]["pg_us"]) for r, rnd in zip(runs, rounds)])
             base = base or b + p
             lines.append(f"| {runs[0]['workers']} | {phase} | {rate:,.0f} | {b:.0f} | {p:.0f} | {b + p:.0f} | {ratio:.2f} |")
+    lines += ["", "Publish phase, per 1,000 published messages (medians): append_batch calls (one per group "
+              "commit of a node) and their PostgreSQL time (ms, self time incl. waits for the queue's head row)", "",
+              "| nodes | append_batch calls | msgs per call | append_batch ms | ms per call |", "| ---: | ---: | ---: | ---: | ---: |"]
+    for k in range(nodes):
+        runs = [rnd[k] for rnd in rounds]
+        calls = median([r["functions"].get("append_batch", (0, 0))[0] / r["publish"]["n"] * 1000 for r in runs])
+        ms = median([r["functions"].get("append_batch", (0, 0))[1] / r["publish"]["n"] * 1000 for r in runs])
+        lines.append(f"| {runs[0]['workers']} | {calls:.1f} | {1000 / calls if calls else float('nan'):.1f} | {ms:.1f} | "
+                     f"{ms / calls if calls else float('nan'):.2f} |")
+    lines += ["", "Idle (3 s, no clients): CPU ms per second, broker + PostgreSQL: " + ", ".join(
+        f"{rnd_k[0]['workers']} node(s) {median([r['idle']['broker_ms_s'] for r in rnd_k]):.0f} + "
+        f"{median([r['idle']['pg_ms_s'] for r in rnd_k]):.0f}"
+        for rnd_k in ([rnd[k] for rnd in rounds] for k in range(nodes)))]
     lines += ["", "Consume phase, per 1,000 consumed messages (medians): SQL calls and PostgreSQL time "
               "(pg_stat_user_functions self time, ms), lock waits seen (10 ms samples)", "",
               "| nodes | claim calls | msgs per claim | claim ms | _window ms | ack calls | ack ms | claim lock waits / s |",
@@ -209,6 +263,19 @@ def report(rounds: list[list[dict]], args) -> str:
         lines.append(f"| {runs[0]['workers']} | {claims:.1f} | {1000 / claims if claims else float('nan'):.1f} | "
                      f"{per_k('claim', 1):.1f} | {per_k('_window', 1):.1f} | {per_k('ack', 0):.1f} | "
                      f"{per_k('ack', 1):.1f} | {waits:.2f} |")
+    if "live" in rounds[0][0]:
+        lines += ["", f"Live (consumers idle, then {args.live:,} messages published at {args.rate:g}/s in all, each "
+                  "confirmed): claims per 1,000 messages (medians)", "",
+                  "| nodes | claim calls | msgs per claim | claim ms | _window ms |", "| ---: | ---: | ---: | ---: | ---: |"]
+        for k in range(nodes):
+            runs = [rnd[k] for rnd in rounds]
+
+            def live_k(name, idx):
+                return median([r["live_functions"].get(name, (0, 0))[idx] / r["live"]["n"] * 1000 for r in runs])
+
+            claims = live_k("claim", 0)
+            lines.append(f"| {runs[0]['workers']} | {claims:.1f} | {1000 / claims if claims else float('nan'):.2f} | "
+                         f"{live_k('claim', 1):.1f} | {live_k('_window', 1):.1f} |")
     lines += ["", "Lock waits seen in the consume phase (samples, all rounds):"]
     total = Counter()
     for rnd in rounds:
@@ -227,6 +294,9 @@ if __name__ == "__main__":
     parser.add_argument("--connections", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--live", type=int, default=0,
+                        help="also a run per node count with consumers waiting and this many messages published at --rate")
+    parser.add_argument("--rate", type=float, default=1000.0)
     parser.add_argument("--compare-with", help="another checkout whose broker runs in the same rounds (before/after)")
     args = parser.parse_args()
     for side, rounds in asyncio.run(main(args)).items():

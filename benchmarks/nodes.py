@@ -199,13 +199,17 @@ async def main(args) -> dict[str, list[list[dict]]]:
             order.reverse()
         results: dict[str, dict] = {side: {} for side in sides}
         for workers, side in order:
-            r = await run(args.dsn, workers, args.messages, args.connections, sides[side])
+            # --per-node: every node gets the same clients and messages (its load stays the same),
+            # so what grows with N is the cross-node part only.
+            scale = workers if args.per_node else 1
+            r = await run(args.dsn, workers, args.messages * scale, args.connections * scale, sides[side])
             print(f"round {i + 1}, {side}, {workers} node(s): publish {r['publish']['broker_us']:.0f} + {r['publish']['pg_us']:.0f} µs/msg, "
                   f"consume {r['consume']['broker_us']:.0f} + {r['consume']['pg_us']:.0f} µs/msg, "
                   f"claims {r['functions'].get('claim', (0, 0))[0]}, acks {r['functions'].get('ack', (0, 0))[0]}",
                   flush=True)
             if args.live:
-                lv = await run(args.dsn, workers, args.messages, args.connections, sides[side], args.live, args.rate)
+                lv = await run(args.dsn, workers, args.messages * scale, args.connections * scale, sides[side],
+                               args.live * scale, args.rate * scale)
                 r["live"], r["live_functions"] = lv["live"], lv["functions"]
                 r["live_waits"] = lv["waits"]
                 print(f"round {i + 1}, {side}, {workers} node(s): live {lv['live']['broker_us']:.0f} + "
@@ -217,7 +221,8 @@ async def main(args) -> dict[str, list[list[dict]]]:
 
 
 def report(rounds: list[list[dict]], args) -> str:
-    lines = [f"{args.messages:,} messages of {len(PAYLOAD)} B, {args.connections} client connections, "
+    lines = [f"{args.messages:,} messages of {len(PAYLOAD)} B, {args.connections} client connections"
+             f"{' per node (and as many messages per node)' if args.per_node else ''}, "
              f"{args.rounds} rounds (medians), {load_note()}", "",
              "| nodes | phase | msgs/s | broker µs/msg | PostgreSQL µs/msg | total µs/msg | × 1 node |",
              "| ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
@@ -297,6 +302,8 @@ if __name__ == "__main__":
     parser.add_argument("--live", type=int, default=0,
                         help="also a run per node count with consumers waiting and this many messages published at --rate")
     parser.add_argument("--rate", type=float, default=1000.0)
+    parser.add_argument("--per-node", action="store_true",
+                        help="connections, messages and --live rate per node instead of in all")
     parser.add_argument("--compare-with", help="another checkout whose broker runs in the same rounds (before/after)")
     args = parser.parse_args()
     for side, rounds in asyncio.run(main(args)).items():

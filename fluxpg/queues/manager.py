@@ -284,10 +284,7 @@ class Subscription:
                         # commit wakes), so this claim would be empty. Every wake-up used to make
                         # each consumer of every node claim, most of them for nothing.
                         slot.lock.release()
-                        try:
-                            await asyncio.wait_for(waker.wait(), poll)
-                        except asyncio.TimeoutError:
-                            self._must_claim = True
+                        quiet = await self._idle_wait(waker, poll)   # (a handoff may come meanwhile)
                         continue
                 fetch = asyncio.ensure_future(self._fetch(n))
                 if slot is not None:

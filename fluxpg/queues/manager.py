@@ -304,7 +304,13 @@ class Subscription:
                     backoff = 0.05
                     self._must_claim = False
                 except Unavailable as exc:
-                    log.warning("%s/%s: %s; retrying in %.2fs", self.queue, self.consumer, exc, backoff)
+                    if exc.sqlstate == "23503":
+                        # The group (or its queue) was deleted while this claim joined it: not a
+                        # database fault; the retry finds the queue gone and ends the subscription.
+                        log.info("%s/%s: its group was deleted during a claim; checking the queue",
+                                 self.queue, self.consumer)
+                    else:
+                        log.warning("%s/%s: %s; retrying in %.2fs", self.queue, self.consumer, exc, backoff)
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, 5.0)
                     continue

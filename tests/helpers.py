@@ -1,6 +1,8 @@
 """Small helpers for engine tests that talk SQL directly."""
 from __future__ import annotations
 
+import asyncio
+
 import asyncpg
 
 
@@ -34,3 +36,23 @@ async def status(conn, queue, group):
 async def pending(conn, queue, group):
     return [r["seq"] for r in await conn.fetch(
         "SELECT seq FROM fluxpg.pending_entries WHERE queue = $1 AND grp = $2 ORDER BY seq", queue, group)]
+
+
+class Inbox:
+    """A subscription's delivery callback that collects deliveries; wait_for(n) waits until n came."""
+
+    def __init__(self):
+        self.items = []
+        self._changed = asyncio.Event()
+
+    def __call__(self, delivery):
+        self.items.append(delivery)
+        self._changed.set()
+
+    async def wait_for(self, n: int, timeout: float = 10.0):
+        async def loop():
+            while len(self.items) < n:
+                self._changed.clear()
+                await self._changed.wait()
+        await asyncio.wait_for(loop(), timeout)
+        return self.items

@@ -10,25 +10,7 @@ import pytest
 from fluxpg.config import QueueConfig
 from fluxpg.queues import manager as manager_module
 from fluxpg.queues.appender import Appender, AppendRow, ClaimTarget
-from tests.helpers import claim, declare, publish_many
-
-
-class Inbox:
-    def __init__(self):
-        self.items = []
-        self._changed = asyncio.Event()
-
-    def __call__(self, delivery):
-        self.items.append(delivery)
-        self._changed.set()
-
-    async def wait_for(self, n: int, timeout: float = 10.0):
-        async def loop():
-            while len(self.items) < n:
-                self._changed.clear()
-                await self._changed.wait()
-        await asyncio.wait_for(loop(), timeout)
-        return self.items
+from tests.helpers import Inbox, claim, declare, publish_many
 
 
 async def until_idle(mgr, *subs) -> None:

@@ -11,24 +11,7 @@ from fluxpg import db
 from fluxpg.config import QueueConfig
 from fluxpg.queues import manager as manager_module
 from fluxpg.errors import PayloadTooLarge, QueueFull, ResourceLocked, UnknownQueue, WrongQueueKind
-
-
-class Inbox:
-    def __init__(self):
-        self.items = []
-        self._changed = asyncio.Event()
-
-    def __call__(self, delivery):
-        self.items.append(delivery)
-        self._changed.set()
-
-    async def wait_for(self, n: int, timeout: float = 10.0):
-        async def loop():
-            while len(self.items) < n:
-                self._changed.clear()
-                await self._changed.wait()
-        await asyncio.wait_for(loop(), timeout)
-        return self.items
+from tests.helpers import Inbox
 
 
 async def test_group_commit_coalesces_and_keeps_publish_order(manager_factory, qname):

@@ -73,24 +73,31 @@ def test_slow_qos1_subscriber_is_disconnected_and_its_session_bounded(threaded_b
     pub.close()
 
 
-def test_clean_qos1_subscriber_behind_the_publisher_but_within_the_bound_loses_nothing(threaded_broker):
-    # The CPU benchmark's pub/sub row: a clean (expiry 0) QoS 1 subscriber slower than its
-    # publisher. Up to the bound everything waits for it, nothing is dropped, order is kept.
-    limit = 500
+def _flood_a_paused_subscriber(threaded_broker, limit: int, n: int):
+    """A broker with the session bound `limit`, a clean QoS 1 subscriber that reads nothing for
+    now, and n QoS 1 messages published to it (numbered %06d) and routed: PUBACKs come in order,
+    so the acknowledged sync message after them means all n were. Returns (server, sub, pub)."""
     server = threaded_broker(config=Config(bounds={"mqtt_session_outbound_messages": limit}))
     port = server.port("mqtt")
     topic = f"behind/{uid()}"
     sub = Paho(port)
     sub.subscribe(topic, qos=1)
-    sub.c.loop_stop()                      # falls behind: reads nothing for now
+    sub.c.loop_stop()
     pub = Paho(port)
-    n = limit
     for i in range(n):
         pub.publish(topic, b"%06d" % i, qos=1, wait=False)
-    pub.publish(topic + "/sync", b"", qos=1)     # PUBACKs come in order: all n were routed
+    pub.publish(topic + "/sync", b"", qos=1)
+    return server, sub, pub
+
+
+def test_clean_qos1_subscriber_behind_the_publisher_but_within_the_bound_loses_nothing(threaded_broker):
+    # The CPU benchmark's pub/sub row: a clean (expiry 0) QoS 1 subscriber slower than its
+    # publisher. Up to the bound everything waits for it, nothing is dropped, order is kept.
+    limit = 500
+    server, sub, pub = _flood_a_paused_subscriber(threaded_broker, limit, n=limit)
     sub.c.loop_start()
-    got = [int(sub.get().payload) for _ in range(n)]
-    assert got == list(range(n))
+    got = [int(sub.get().payload) for _ in range(limit)]
+    assert got == list(range(limit))
     sub.nothing(0.5)
     assert _router(server).slow_disconnects == 0
     assert not sub.disconnected.is_set()
@@ -103,17 +110,7 @@ def test_clean_qos1_subscriber_past_the_bound_is_told_where_its_messages_end(thr
     # the one that passed the bound, in order, then DISCONNECT 0x97 -- never a silent gap.
     # (Its session has expiry 0, so what is published after the disconnect is not for it.)
     limit = 200
-    server = threaded_broker(config=Config(bounds={"mqtt_session_outbound_messages": limit}))
-    port = server.port("mqtt")
-    topic = f"past/{uid()}"
-    sub = Paho(port)
-    sub.subscribe(topic, qos=1)
-    sub.c.loop_stop()
-    pub = Paho(port)
-    n = 3 * limit
-    for i in range(n):
-        pub.publish(topic, b"%06d" % i, qos=1, wait=False)
-    pub.publish(topic + "/sync", b"", qos=1)
+    server, sub, pub = _flood_a_paused_subscriber(threaded_broker, limit, n=3 * limit)
     router = _router(server)
     assert router.slow_disconnects == 1
     sub.c.reconnect_delay_set(60, 60)      # stay disconnected once told (paho reconnects by itself)

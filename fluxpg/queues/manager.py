@@ -153,7 +153,7 @@ class Subscription:
         self.delivered = 0
         self._claimed: deque[Delivery] = deque()   # classic: claimed, not yet handed to on_delivery
         # Set while the appender claims for this subscription in a publish's transaction
-        # (LocalHandoff); resolves to (deliveries, n asked, quiet token) or None (claim yourself).
+        # (LocalHandoff); resolves to its deliveries, or None (claim yourself).
         self._handoff: asyncio.Future | None = None
         self._slot: ClaimSlot | None = None     # classic: shared with this node's consumers of the group
         self._must_claim = True                 # claim even if the slot says the group is drained
@@ -241,7 +241,6 @@ class Subscription:
                     if len(own) < batch or (self._credit is not None and self._credit <= 0):
                         break
                     after = own[-1].seq
-            quiet = None   # after a handoff that reached the head: the wake-up state meaning "nothing since"
             # Claim even if the slot says the group was drained: at start, and after a poll
             # timeout (redeliveries that become due by time send no NOTIFY).
             self._must_claim = True
@@ -260,12 +259,6 @@ class Subscription:
                     continue
                 waker = self.manager._waker(self.queue_id)
                 n = batch if self._credit is None else min(self._credit, batch)
-                if quiet is not None and self.manager._quiet(self.queue_id, quiet):
-                    # A handoff claimed up to the head and no wake-up came since: a claim now
-                    # would find nothing (and cost a transaction). Wait for the next one.
-                    quiet = await self._idle_wait(waker, poll)
-                    continue
-                quiet = None
                 slot = self._slot
                 if slot is not None:
                     # One claim of this group at a time on this node: claims of a group serialise
@@ -284,7 +277,7 @@ class Subscription:
                         # commit wakes), so this claim would be empty. Every wake-up used to make
                         # each consumer of every node claim, most of them for nothing.
                         slot.lock.release()
-                        quiet = await self._idle_wait(waker, poll)   # (a handoff may come meanwhile)
+                        await self._idle_wait(waker, poll)   # (a handoff may come meanwhile)
                         continue
                 fetch = asyncio.ensure_future(self._fetch(n))
                 if slot is not None:
@@ -324,7 +317,7 @@ class Subscription:
                     next_commit = loop.time() + commit_every
                 if deliveries and len(deliveries) >= n:
                     continue
-                quiet = await self._idle_wait(waker, poll)
+                await self._idle_wait(waker, poll)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001
@@ -334,8 +327,8 @@ class Subscription:
     async def _idle_wait(self, waker: asyncio.Event, poll: float):
         """Wait for a wake-up (or the poll). Meanwhile a classic subscription without a selector
         is idle: the appender may claim for it in a publish's transaction (LocalHandoff), whose
-        deliveries are handed over here. Returns the quiet token when that claim got some but less
-        than it asked for (it ran and reached the queue's head), else None."""
+        deliveries are handed over here. (A handoff that reached the queue's head marks the claim
+        slot drained, as a short claim does: the loop then waits instead of claiming for nothing.)"""
         mgr = self.manager
         idle = self.kind == "classic" and self.selector is None and self.queue_id is not None
         if idle:
@@ -349,20 +342,15 @@ class Subscription:
                 mgr._idle_remove(self)
         fut = self._handoff
         if fut is None:
-            return None
+            return
         try:
-            got = await fut
+            deliveries = await fut
         finally:
             self._handoff = None
-        if got is None:
-            return None
-        deliveries, asked, token = got
-        if not deliveries:
-            # Skipped (cursor busy, redeliveries due, …) or nothing for this group: claim as usual,
-            # or a due redelivery would wait for the poll.
-            return None
-        await self._deliver(deliveries)
-        return token if len(deliveries) < asked else None
+        # None or empty: skipped (cursor busy, redeliveries due, …) or nothing for this group: the
+        # loop claims as usual (the slot was not marked), or a due redelivery would wait for the poll.
+        if deliveries:
+            await self._deliver(deliveries)
 
     async def _heartbeat(self) -> None:
         try:
@@ -431,8 +419,8 @@ class LocalHandoff:
     (it would claim by itself next), has credit, and is the first of its group here (one claim per
     group and batch). After the commit every queue of the batch is woken locally at once — this
     node's consumers no longer wait for the NOTIFY, which append_claim tags with the node so the
-    listener here skips it — and each reserved subscription gets its deliveries with a quiet
-    token: the wake-up count of its queue that means "only this batch's wake-up happened since".
+    listener here skips it — and each reserved subscription gets its deliveries; one whose claim
+    came back short marks its group's claim slot drained at that wake-up (as a short claim does).
     """
 
     def __init__(self, manager: QueueManager):
@@ -472,7 +460,7 @@ class LocalHandoff:
                 deliveries = [Delivery(queue=t.queue, group=t.group, partition=r[3], seq=r[4], topic=r[5],
                                        payload=bytes(r[6]), headers=r[7] or {}, created_at=r[8],
                                        delivery_count=r[9], kind="classic") for r in claimed[i]]
-                result = (deliveries, t.n, (count + 1, epoch))
+                result = deliveries
                 if deliveries and len(deliveries) < t.n and sub._slot is not None:
                     # It reached the head: the group's other consumers here need not claim on
                     # this batch's wake-up (set now, before any of them runs).
@@ -485,9 +473,9 @@ class LocalHandoff:
                 continue
             if waiting:
                 fut.set_result(None)
-            if result is not None and result[0]:
+            if result:
                 # The subscription's task ended meanwhile: give its messages back now.
-                asyncio.ensure_future(self._release(t.queue, t.group, [d.seq for d in result[0]]))
+                asyncio.ensure_future(self._release(t.queue, t.group, [d.seq for d in result]))
 
     async def _release(self, queue: str, group: str, seqs: list[int]) -> None:
         try:
@@ -516,7 +504,7 @@ class QueueManager:
         # refuse other consumers while it is there; a queue's consumers on other nodes are not seen).
         self.exclusive_consumers: dict[str, object] = {}
         self._wakers: dict[int | None, asyncio.Event] = {}
-        # Wake-ups so far, per queue and of all queues (LocalHandoff's quiet tokens), and the
+        # Wake-ups so far, per queue and of all queues (the claim slots' drained marks), and the
         # subscriptions waiting for one: queue id → {subscription: wake state when it began}.
         self._wake_counts: dict[int, int] = {}
         self._wake_epoch = 0
@@ -766,10 +754,6 @@ class QueueManager:
         if slot is None:
             slot = self._claim_slots[key] = ClaimSlot()
         return slot
-
-    def _quiet(self, queue_id: int | None, token: tuple[int, int]) -> bool:
-        """No wake-up of the queue since the one `token` (LocalHandoff) counted on."""
-        return self._wake_state(queue_id) == token
 
     def _idle_add(self, sub: Subscription) -> None:
         self._idle.setdefault(sub.queue_id, {})[sub] = self._wake_state(sub.queue_id)

@@ -41,14 +41,12 @@ SELECT r_target, r_ord, r_queue_id, r_partition, r_seq, r_topic, r_payload, r_he
   FROM fluxpg.append_claim($1::int[], $2::text[], $3::bytea[], $4::jsonb[], $5::text[], $6::text[], $7::text[],
                            $8::text[], $9::int[]);
 
--- name: sequence_staged
--- Committed asynchronously: the sequencer only moves rows that are already durable (the outbox,
--- committed by the application), and its delete from the outbox and append to the log commit or
--- vanish together. A crash before the WAL writer flushed it leaves the rows in the outbox to be
--- moved again; anything durable that depends on the move (an ack, a committed offset) flushes the
--- WAL up to and including it first. Saves one WAL flush per move: the end-to-end latency of the
--- transactional path.
-SELECT fluxpg.sequence_staged($1) FROM set_config('synchronous_commit', 'off', true);
+-- name: sequence_claim
+-- fluxpg.sequence_claim commits asynchronously (why: at the function).
+-- Rows as append_claim's (r_ord NULL), so the handoff reads both alike.
+SELECT r_target, NULL::int AS r_ord, r_queue_id, r_partition, r_seq, r_topic, r_payload, r_headers, r_created_at,
+       r_delivery_count
+  FROM fluxpg.sequence_claim($1, $2::text[], $3::text[], $4::text[], $5::int[]);
 
 -- name: claim
 SELECT queue, grp, partition, seq, topic, payload, headers, created_at, delivery_count

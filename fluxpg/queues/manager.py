@@ -411,9 +411,9 @@ class Subscription:
 
 
 class LocalHandoff:
-    """The appender's Handoff (queues/appender.py): which subscriptions of this node wait for new
-    messages of a queue being published to, and handing them what the publish's transaction
-    claimed for them.
+    """The Handoff of the appender and the sequencer (queues/appender.py, queues/sequencer.py):
+    which subscriptions of this node wait for new messages of a queue being appended to, and
+    handing them what the append's transaction claimed for them.
 
     A subscription is eligible while it waits in `_idle_wait` with no wake-up since it began to
     (it would claim by itself next), has credit, and is the first of its group here (one claim per
@@ -470,6 +470,11 @@ class LocalHandoff:
             waiting = fut is not None and not fut.done()
             if waiting and task is not None and not task.done() and not task.cancelling():
                 fut.set_result(result)
+                if claimed is None or sub.queue_id not in queue_ids:
+                    # Nothing woke it (a failed batch, or a sequencer round that moved nothing
+                    # into its queue): free it for the next batch's handoff now; it goes on waiting
+                    # for its wake-up and finds nothing handed.
+                    sub._handoff = None
                 continue
             if waiting:
                 fut.set_result(None)
@@ -543,9 +548,10 @@ class QueueManager:
                                                 "fluxpg_queues": self._on_queues_notify})
         await self._listener.start()
         await self._declare_configured()
-        self.appender = Appender(self.pool, handoff=LocalHandoff(self))
+        handoff = LocalHandoff(self)
+        self.appender = Appender(self.pool, handoff=handoff)
         self.appender.start()
-        self.sequencer = Sequencer(self.pool)
+        self.sequencer = Sequencer(self.pool, handoff=handoff)
         self.sequencer.start()
         self._tasks.append(asyncio.create_task(self._housekeeping(), name="fluxpg-housekeeping"))
         if retention:

@@ -7,6 +7,7 @@ import asyncio
 import asyncpg
 import pytest
 
+import fluxpg
 from fluxpg.config import QueueConfig
 from fluxpg.queues import manager as manager_module
 from fluxpg.queues.appender import Appender, AppendRow, ClaimTarget
@@ -199,3 +200,46 @@ async def test_a_due_redelivery_is_not_left_for_the_poll(manager_factory, conn, 
     finally:
         manager_module.CLASSIC_POLL = mgr_poll
     assert [(d.seq, d.payload, d.delivery_count) for d in got] == [(0, b"old", 2), (1, b"new", 1)]
+
+
+async def test_transactional_publish_is_claimed_in_the_sequencer_round(manager_factory, conn, qname):
+    """fluxpg.publish inside an application transaction: the sequencer's move into the log claims
+    for this node's waiting consumer in the same transaction (fluxpg.sequence_claim), in commit
+    order, pending for that consumer as after fluxpg.claim."""
+    mgr = await manager_factory([QueueConfig(name=qname)])
+    inbox = Inbox()
+    sub = await mgr.subscribe(qname, "g", "c", on_delivery=inbox, credit=100)
+    for i in range(10):
+        await until_idle(mgr, sub)
+        async with conn.transaction():
+            assert await fluxpg.publish(conn, f"$queue/{qname}/k", b"%d" % i) == [qname]
+        await inbox.wait_for(i + 1)
+    assert [d.payload for d in inbox.items] == [b"%d" % i for i in range(10)]
+    # The first move only makes the queue a candidate; the later ones hand off.
+    assert mgr.sequencer.handed >= 8
+    rows = await conn.fetch("SELECT seq, consumer, delivery_count FROM fluxpg.pending_entries WHERE queue = $1 "
+                            "ORDER BY seq", qname)
+    assert [tuple(r) for r in rows] == [(i, "c", 1) for i in range(10)]
+    assert await mgr.ack(qname, "g", list(range(10))) == 10
+
+
+async def test_a_sequencer_round_that_moves_nothing_into_a_queue_frees_its_consumer(manager_factory, conn, qname):
+    """A consumer reserved by a sequencer round that moved nothing into its queue is not left
+    reserved: the next direct publish still hands off to it, and nothing is delivered twice."""
+    other = qname + "_other"
+    mgr = await manager_factory([QueueConfig(name=qname), QueueConfig(name=other)])
+    inbox = Inbox()
+    sub = await mgr.subscribe(qname, "g", "c", on_delivery=inbox, credit=100)
+    async with conn.transaction():
+        await fluxpg.publish(conn, f"$queue/{qname}/k", b"tx")
+    await inbox.wait_for(1)                       # the queue is now a recent sequencer target
+    for i in range(5):
+        await until_idle(mgr, sub)
+        async with conn.transaction():            # a round that moves into the other queue only
+            await fluxpg.publish(conn, f"$queue/{other}/k", b"o")
+        await mgr.sequencer.run_once()
+        assert sub._handoff is None               # not left reserved by that round
+        await mgr.publish(f"$queue/{qname}/k", b"%d" % i)
+        await inbox.wait_for(i + 2)
+    assert [d.payload for d in inbox.items] == [b"tx"] + [b"%d" % i for i in range(5)]
+    assert mgr.appender.handed == 5

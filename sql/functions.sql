@@ -954,6 +954,24 @@ COMMENT ON FUNCTION fluxpg.append(text, bytea, jsonb) IS 'Append a message to ev
 -- queue (key 1179669332 = 'FPST', queue id) until it ends: queue_stats counts those to show how
 -- many open transactions have messages waiting, and the oldest's age.
 
+-- The commit-time trigger of fluxpg.outbox (created by revision 0013, replaced here in place):
+-- the first row of each fluxpg.publish call adds its transaction's commit-order marker.
+-- Waking the sequencer: publishing commits send no NOTIFY while a sequencer polls (one per commit
+-- would serialise the commits on PostgreSQL's notification lock), only while one sleeps. A
+-- sleeping sequencer holds the advisory lock (1179669332, -1) exclusively (fluxpg/queues/
+-- sequencer.py); then this shared try-lock fails and this commit NOTIFYs fluxpg_outbox. When it
+-- succeeds, it is held until this commit has ended, so a sequencer cannot start to sleep between
+-- this check and the moment this marker becomes visible: it takes the lock, then looks once more.
+CREATE OR REPLACE FUNCTION fluxpg._outbox_commit() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO fluxpg.outbox_commits (txid) VALUES (NEW.txid);
+  IF NOT pg_try_advisory_xact_lock_shared(1179669332, -1) THEN
+    PERFORM pg_notify('fluxpg_outbox', '');
+  END IF;
+  RETURN NULL;
+END $$;
+
 -- Route and stage in one statement (each statement and each plpgsql call in the publisher's
 -- transaction is CPU the publisher pays: measured, routing then staging in separate functions
 -- cost 80 µs more per publish than this). One row per target queue, in queue id order; only the

@@ -48,6 +48,14 @@ SELECT r_target, NULL::int AS r_ord, r_queue_id, r_partition, r_seq, r_topic, r_
        r_delivery_count
   FROM fluxpg.sequence_claim($1, $2::text[], $3::text[], $4::text[], $5::int[]);
 
+-- name: sequencer_sleep_lock
+-- An idle sequencer's lock: while it holds it, publishing commits NOTIFY fluxpg_outbox (the
+-- trigger fluxpg._outbox_commit); not granted while a publishing commit is under way.
+SELECT pg_try_advisory_lock(1179669332, -1);
+
+-- name: sequencer_sleep_unlock
+SELECT pg_advisory_unlock(1179669332, -1);
+
 -- name: claim
 SELECT queue, grp, partition, seq, topic, payload, headers, created_at, delivery_count
   FROM fluxpg.claim($1, $2, $3, $4, $5::jsonpath);

@@ -545,13 +545,14 @@ class QueueManager:
                                          max_size=dbc.pool_size, node_id=self.node_id,
                                          transient_max_bytes=self.qm.transient_max_bytes)
         self._listener = db.Listener(self.dsn, {"fluxpg_log": self._on_log_notify,
-                                                "fluxpg_queues": self._on_queues_notify})
+                                                "fluxpg_queues": self._on_queues_notify,
+                                                "fluxpg_outbox": self._on_outbox_notify})
         await self._listener.start()
         await self._declare_configured()
         handoff = LocalHandoff(self)
         self.appender = Appender(self.pool, handoff=handoff)
         self.appender.start()
-        self.sequencer = Sequencer(self.pool, handoff=handoff)
+        self.sequencer = Sequencer(self.pool, handoff=handoff, dsn=self.dsn)
         self.sequencer.start()
         self._tasks.append(asyncio.create_task(self._housekeeping(), name="fluxpg-housekeeping"))
         if retention:
@@ -770,6 +771,12 @@ class QueueManager:
             subs.pop(sub, None)
             if not subs:
                 del self._idle[sub.queue_id]
+
+    def _on_outbox_notify(self, _payload: str | None) -> None:
+        # A publishing commit found a sequencer asleep (fluxpg._outbox_commit), or the listener
+        # reconnected: this node's sequencer looks now.
+        if self.sequencer is not None:
+            self.sequencer.wake()
 
     def _on_log_notify(self, payload: str | None) -> None:
         if payload is None:     # listener reconnected: anything may have happened

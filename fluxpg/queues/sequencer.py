@@ -2,9 +2,16 @@
 (fluxpg.publish writes them into fluxpg.outbox; their commit adds a commit-order marker to
 fluxpg.outbox_commits) to the log, in commit order.
 
-Publishing transactions send no NOTIFY (it would serialise their commits on PostgreSQL's
-notification lock), so the sequencer polls: every POLL_MIN while it keeps finding work, backing off
-to POLL_MAX when idle. The idle poll is one index probe and takes no lock. Every node runs one;
+While it finds work the sequencer polls (a pause in proportion to its last round): a NOTIFY from
+every publishing commit would serialise the commits on PostgreSQL's notification lock. When a
+round finds nothing it goes to sleep, and only then do publishing commits wake it: it takes the
+advisory lock (1179669332, -1) on a connection of its own and looks once more; while it holds
+that lock, the commit trigger (fluxpg._outbox_commit) of each publishing transaction NOTIFYs
+fluxpg_outbox. The lock is not granted while a publishing commit is under way (they hold it
+shared until their commit ends), so no commit falls between the last look and the sleep. A
+message published to an idle broker used to wait for the next poll (up to POLL_MAX, 50 ms); an
+idle broker polled 20 times a second. Only one node's sequencer can hold the lock: the others
+poll every POLL_MAX, as all did before, and wake on the same NOTIFY. Every node runs one;
 fluxpg.sequence_claim() lets one move at a time, so nodes never reorder each other's work.
 
 Handoff, as the appender's (queues/appender.py): consumers of this node waiting on a queue the
@@ -28,15 +35,21 @@ log = logging.getLogger("fluxpg.sequencer")
 
 BATCH = 5000        # messages appended per transaction
 POLL_MIN = 0.001    # seconds between polls while messages keep arriving
-POLL_MAX = 0.05     # ... and when idle
+POLL_MAX = 0.05     # ... and when idle without the sleep lock (another node sleeps)
+IDLE_POLL = 1.0     # asleep: look anyway after this long (a lost NOTIFY costs at most this)
 BUSY_RATIO = 0.5    # while busy, pause this many times as long as the last round took
 RECENT = 5.0        # seconds a queue the sequencer moved messages into stays a handoff candidate
 
 
 class Sequencer:
-    def __init__(self, pool: asyncpg.Pool, handoff: Handoff | None = None):
+    def __init__(self, pool: asyncpg.Pool, handoff: Handoff | None = None, dsn: str | None = None):
         self._pool = pool
         self._handoff = handoff
+        self._dsn = dsn                  # for the sleep lock's own connection; None: never sleep
+        self._lock_conn: asyncpg.Connection | None = None
+        self._woken = asyncio.Event()
+        self.sleeping = False
+        self._backoff = POLL_MIN         # the poll while the sleep lock is not granted
         self._task: asyncio.Task | None = None
         # Queue id → loop time of the last move into it: only these are planned for, so an idle
         # poll reserves no subscription of a queue that is never published to transactionally.
@@ -91,13 +104,66 @@ class Sequencer:
             handoff.done(set(moved), targets, claimed)
         return sum(moved.values())
 
+    def wake(self) -> None:
+        """A publishing commit saw this (or another) sequencer asleep: NOTIFY fluxpg_outbox, or
+        the listener reconnected (anything may have been missed)."""
+        self._woken.set()
+
+    async def _sleep(self) -> None:
+        """Idle: sleep until a publishing commit wakes us (or IDLE_POLL), holding the sleep lock.
+        Without it — a publishing commit under way (for a moment), or another node's sequencer
+        asleep (for as long as it is idle) — poll, backing off from POLL_MIN to POLL_MAX."""
+        conn = await self._sleep_lock()
+        if conn is None:
+            await asyncio.sleep(self._backoff)
+            self._backoff = min(2 * self._backoff, POLL_MAX)
+            return
+        self._backoff = POLL_MIN
+        try:
+            self._woken.clear()
+            # Whatever committed before the lock was granted is visible now: look once more.
+            if await self.run_once():
+                return
+            self.sleeping = True
+            try:
+                await asyncio.wait_for(self._woken.wait(), IDLE_POLL)
+            except asyncio.TimeoutError:
+                pass
+        finally:
+            self.sleeping = False
+            try:
+                await conn.fetchval(db.queries()["sequencer_sleep_unlock"])
+            except Exception:  # noqa: BLE001 - the lock went with its connection
+                await self._drop_lock_conn()
+
+    async def _sleep_lock(self) -> asyncpg.Connection | None:
+        if self._dsn is None:
+            return None
+        try:
+            if self._lock_conn is None or self._lock_conn.is_closed():
+                self._lock_conn = await db.connect(self._dsn)
+            if await self._lock_conn.fetchval(db.queries()["sequencer_sleep_lock"]):
+                return self._lock_conn
+        except Exception as exc:  # noqa: BLE001 - poll instead; the next idle round tries again
+            log.debug("sequencer sleep lock unavailable: %s", exc)
+            await self._drop_lock_conn()
+        return None
+
+    async def _drop_lock_conn(self) -> None:
+        conn, self._lock_conn = self._lock_conn, None
+        if conn is not None:
+            conn.terminate()
+
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        delay = POLL_MAX
+        delay: float | None = POLL_MAX
         while True:
-            await asyncio.sleep(delay)
-            started = loop.time()
             try:
+                if delay is None:
+                    await self._sleep()
+                else:
+                    await asyncio.sleep(delay)
+                started = loop.time()
                 moved = await self.run_once()
             except Exception as exc:  # noqa: BLE001 - a lost database: keep polling, say so
                 log.warning("appending outbox messages failed (retrying): %s", exc)
@@ -111,7 +177,15 @@ class Sequencer:
             # plus the round it missed; at 1,000 msg/s that was 2.6 ms with ratio 2 and 1.0 ms
             # with 0.5, while PostgreSQL CPU per transaction at 8 saturating connections read
             # 299 and 293 µs (5 rounds each, one run).
-            delay = max(POLL_MIN, BUSY_RATIO * (loop.time() - started)) if moved else min(delay * 2, POLL_MAX)
+            if moved:
+                self._backoff = POLL_MIN
+            delay = max(POLL_MIN, BUSY_RATIO * (loop.time() - started)) if moved else None
 
     async def close(self) -> None:
         await cancel_and_wait([self._task])
+        if self._lock_conn is not None:
+            try:
+                await self._lock_conn.close(timeout=5)
+            except Exception:  # noqa: BLE001 - closing anyway
+                await self._drop_lock_conn()
+            self._lock_conn = None

@@ -8,6 +8,7 @@ import asyncpg
 import pytest
 
 import fluxpg
+from fluxpg.aio import cancel_and_wait
 from fluxpg.config import QueueConfig
 from fluxpg.queues import manager as manager_module
 from fluxpg.queues.appender import Appender, AppendRow, ClaimTarget
@@ -228,10 +229,12 @@ async def test_a_sequencer_round_that_moves_nothing_into_a_queue_frees_its_consu
     reserved: the next direct publish still hands off to it, and nothing is delivered twice."""
     other = qname + "_other"
     mgr = await manager_factory([QueueConfig(name=qname), QueueConfig(name=other)])
+    await cancel_and_wait([mgr.sequencer._task])  # rounds only when the test says
     inbox = Inbox()
     sub = await mgr.subscribe(qname, "g", "c", on_delivery=inbox, credit=100)
     async with conn.transaction():
         await fluxpg.publish(conn, f"$queue/{qname}/k", b"tx")
+    await mgr.sequencer.run_once()
     await inbox.wait_for(1)                       # the queue is now a recent sequencer target
     for i in range(5):
         await until_idle(mgr, sub)

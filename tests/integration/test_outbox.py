@@ -20,8 +20,9 @@ from sqlalchemy.orm import Session
 import fluxpg
 from fluxpg import db
 from fluxpg.config import QueueConfig
+from fluxpg.queues import sequencer as sequencer_module
 
-from tests.helpers import declare
+from tests.helpers import Inbox, declare
 
 
 async def _drain(conn, queue, group, want, timeout=15.0):
@@ -161,6 +162,60 @@ async def test_full_queue_keeps_committed_messages_waiting_in_order(dsn, conn, q
         got = await _drain(conn, full, "g", 5, timeout=20)
         assert got == [b"direct-0", b"direct-1", b"staged-0", b"staged-1", b"staged-2"]
     finally:
+        await app.close()
+
+
+async def test_a_sleeping_sequencer_is_woken_by_the_publishing_commit(dsn, conn, qname, manager_factory, monkeypatch):
+    """An idle broker's sequencer sleeps (no poll for IDLE_POLL, raised here to a minute) and the
+    publishing commit wakes it: the message is delivered at once, not after a poll."""
+    monkeypatch.setattr(sequencer_module, "IDLE_POLL", 60.0)
+    mgr = await manager_factory([QueueConfig(name=qname)])
+    inbox = Inbox()
+    await mgr.subscribe(qname, "g", "c", on_delivery=inbox, credit=10)
+
+    async def asleep():
+        while not mgr.sequencer.sleeping:
+            await asyncio.sleep(0.01)
+    for i in range(3):
+        await asyncio.wait_for(asleep(), 10)
+        async with conn.transaction():
+            await fluxpg.publish(conn, f"$queue/{qname}/k", b"%d" % i)
+        await inbox.wait_for(i + 1, timeout=10)     # far below IDLE_POLL
+    assert [d.payload for d in inbox.items] == [b"0", b"1", b"2"]
+
+
+async def test_publishing_commits_notify_only_while_the_sleep_lock_is_held(dsn, conn, qname):
+    """No broker: the test holds the sequencer's sleep lock itself. Commits NOTIFY fluxpg_outbox
+    only while it is held; and it is not granted while a publishing commit is under way (here its
+    deferred trigger made immediate: the shared lock is held until the transaction ends)."""
+    await declare(conn, qname)
+    sleeper = await db.connect(dsn)
+    app = await db.connect(dsn)
+    heard = asyncio.Queue()
+    await sleeper.add_listener("fluxpg_outbox", lambda *args: heard.put_nowait(args))
+    lock, unlock = db.queries()["sequencer_sleep_lock"], db.queries()["sequencer_sleep_unlock"]
+    try:
+        async with app.transaction():
+            await fluxpg.publish(app, f"$queue/{qname}/k", b"awake")
+        await asyncio.sleep(0.3)
+        assert heard.empty()                              # nobody sleeps: no NOTIFY
+
+        assert await sleeper.fetchval(lock)
+        async with app.transaction():
+            await fluxpg.publish(app, f"$queue/{qname}/k", b"asleep")
+        await asyncio.wait_for(heard.get(), 5)            # the commit woke the sleeper
+        assert await sleeper.fetchval(unlock)
+
+        async with app.transaction():
+            await app.execute("SET CONSTRAINTS fluxpg.outbox_commit IMMEDIATE")
+            await fluxpg.publish(app, f"$queue/{qname}/k", b"committing")
+            assert not await sleeper.fetchval(lock)       # a commit under way: no sleeping now
+        assert await sleeper.fetchval(lock)               # its marker is visible from here on
+        assert await sleeper.fetchval("SELECT count(*) FROM fluxpg.outbox_commits") == 3
+        assert await sleeper.fetchval(unlock)
+        assert await sleeper.fetchval("SELECT fluxpg.sequence_staged()") == 3   # leave no outbox behind
+    finally:
+        await sleeper.close()
         await app.close()
 
 

@@ -74,15 +74,24 @@ def sniff(data: bytes) -> str | None:
     return None
 
 
+_loaded: dict[str, Any] = {}
+
+
 def _load(protocol: str):
+    """The protocol's connection handler, imported once (Listener.start imports them all before
+    the first connection: an import on the event loop stalled every connection for it)."""
+    if protocol in _loaded:
+        return _loaded[protocol]
     module_name, func = HANDLERS[protocol].split(":")
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name and module_name.startswith(exc.name):
+            _loaded[protocol] = None
             return None
         raise
-    return getattr(module, func, None)
+    handler = _loaded[protocol] = getattr(module, func, None)
+    return handler
 
 
 async def _read_header(reader: asyncio.StreamReader) -> bytes:
@@ -142,6 +151,8 @@ class Listener:
         self.server: asyncio.AbstractServer | None = None
 
     async def start(self) -> None:
+        for protocol in HANDLERS:   # any port may be spoken to in any of them (sniff)
+            _load(protocol)
         try:
             self.server = await asyncio.start_server(self._accept, self.host, self.port, ssl=self.ssl,
                                                      reuse_port=self.reuse_port or None, limit=2 ** 20)

@@ -185,9 +185,15 @@ def queue(host: str, port: int, n: int, meter: Meter, inflight: int = 100) -> Sa
 def one_round(side: str, target: tuple[str, int], meter: Meter, args) -> dict[str, Sample]:
     host, port = target
     out = {}
+    rows = getattr(args, "rows", None) or ("queue", "pubsub")
     if side.startswith("fluxpg"):
-        out["queue"] = queue(host, port, args.messages, meter)
-    out["pubsub"] = pubsub(host, port, args.messages, meter)
+        if "queue" in rows:
+            out["queue"] = queue(host, port, args.messages, meter)
+        if "pubsub" in rows:
+            out["pubsub"] = pubsub(host, port, args.messages, meter)
+    else:
+        # The peer's plain pub/sub is the comparison of both rows: always run.
+        out["pubsub"] = pubsub(host, port, args.messages, meter)
     return out
 
 

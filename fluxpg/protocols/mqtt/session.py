@@ -141,8 +141,11 @@ class QueueSub:
         self.position = position
         self.sub_id = sub_id
         self.engine: Any = None
+        self.window = 0       # the engine's credit at open: deliveries unacknowledged at most
+        self.returned = 0     # acknowledged deliveries whose credit is not granted back yet
 
     async def open(self, manager: Any, credit: int) -> None:
+        self.window, self.returned = credit, 0
         self.engine = await manager.subscribe(self.queue, self.group, self.session.client_id,
                                               on_delivery=self.on_delivery, filter=self.filter,
                                               position=self.position, credit=credit, on_error=self.on_error)
@@ -163,6 +166,22 @@ class QueueSub:
         sess.enqueue(out)
         if self.qos == 0:
             self.engine.grant(1)   # nothing will acknowledge it
+
+    def give_back(self) -> None:
+        """A delivery was acknowledged (PUBACK, PUBCOMP): its credit goes back to the engine --
+        in chunks of a quarter window while the subscriber still has at least half a window in
+        flight, so that a busy subscriber's engine claims a chunk at a time instead of one claim
+        (a transaction) per few acknowledgements; at once when it is running short. The window
+        (at most `window` unacknowledged) is unchanged; only when the engine may claim again."""
+        engine = self.engine
+        if engine is None:
+            return
+        self.returned += 1
+        window = self.window
+        if self.returned < window // 4 and window - (engine.credit or 0) - self.returned >= window // 2:
+            return
+        engine.grant(self.returned)
+        self.returned = 0
 
     def on_error(self, exc: FluxError) -> None:
         log.warning("MQTT %s: queue subscription %s ended: %s", self.session.client_id, self.topic_filter, exc)
@@ -577,9 +596,7 @@ class Session:
         """An outbound QoS 1/2 message is done: give the queue subscription its credit back."""
         self._release(out)
         if out.qref is not None:
-            qsub = out.qref[0]
-            if qsub.engine is not None:
-                qsub.engine.grant(1)
+            out.qref[0].give_back()
 
     # --- timers -------------------------------------------------------------------------------
 

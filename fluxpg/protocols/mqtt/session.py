@@ -72,6 +72,7 @@ RC = ReasonCode
 SESSION_NEVER_EXPIRES = 0xFFFFFFFF
 _RESERVED_PREFIXES = ("$SYS/", "$share/", "$dlq/")   # `$queue/` is handled before
 _FORWARDED = ("content_type", "response_topic", "correlation_data", "payload_format_indicator")
+ACK_LINGER = 0.01     # seconds a fire-and-forget queue ack waits for more (Settler.linger)
 
 
 @dataclass
@@ -762,7 +763,10 @@ class Connection:
         # waits for nothing has nothing to wait behind either: it is written at once (_on_publish).
         self._unfinished = 0
         self._tasks: list[asyncio.Task] = []
-        self.acks = Settler(ctx.manager, f"mqtt {self.peer}")   # $ack/$nack/$reject and 3.1.1 PUBACKs
+        # $ack/$nack/$reject and 3.1.1 PUBACKs. Fire-and-forget acks (QoS 0 `$ack`, a 3.1.1
+        # PUBACK) linger up to ACK_LINGER for more: one ack call per batch of a busy subscriber
+        # instead of one per round trip (a few messages each); anything waited for goes at once.
+        self.acks = Settler(ctx.manager, f"mqtt {self.peer}", linger=ACK_LINGER)
         self._lingering = False
 
     @property
@@ -946,6 +950,10 @@ class Connection:
     async def _cleanup(self) -> None:
         try:
             await cancel_and_wait(self._tasks)
+            # Acks still gathering (Settler.linger) are written before the subscriptions close
+            # (or a connection taking the session over claims): a client must not get back
+            # what it acked on this connection.
+            await self.acks.close(5.0)
             sess = self.session
             if sess is not None and sess.conn is self:
                 await self._detach(sess)
@@ -1492,8 +1500,14 @@ class Connection:
                 coro = self.manager.commit(queue, group, offset + 1, partition)
             else:
                 _, seq = parse_message_id(up.get("message-id", ""))
+                reason = up.get("reason") if verb == "reject" else None
+                if p.qos == 0:
+                    # Nobody waits: the connection's settler may gather it with the next ones
+                    # (its linger); a failure is logged there.
+                    self.acks.settle(verb, queue, group, seq, partition, reason)
+                    return None
                 coro = None
-                task = self.acks.submit(verb, queue, group, seq, partition, up.get("reason") if verb == "reject" else None)
+                task = self.acks.submit(verb, queue, group, seq, partition, reason)
         except (InvalidArgument, ValueError) as exc:
             return self._refuse(p, RC.IMPLEMENTATION_SPECIFIC_ERROR, f"${verb}: {exc}")
         if coro is not None:
@@ -1560,7 +1574,7 @@ class Connection:
     def _ack_delivery(self, out: Outgoing) -> None:
         """3.1.1: the subscriber's PUBACK acknowledges the queue message (DESIGN §4)."""
         qsub, d = out.qref
-        self.acks.submit("ack", d.queue, d.group, d.seq, d.partition).add_done_callback(_log_failure)
+        self.acks.settle("ack", d.queue, d.group, d.seq, d.partition)
 
     # -- SUBSCRIBE / UNSUBSCRIBE --
 

@@ -763,6 +763,7 @@ class Connection:
         # waits for nothing has nothing to wait behind either: it is written at once (_on_publish).
         self._unfinished = 0
         self._tasks: list[asyncio.Task] = []
+        self._slow_appends = 0            # queue publishes going through a task (_append)
         # $ack/$nack/$reject and 3.1.1 PUBACKs. Fire-and-forget acks (QoS 0 `$ack`, a 3.1.1
         # PUBACK) linger up to ACK_LINGER for more: one ack call per batch of a busy subscriber
         # instead of one per round trip (a few messages each); anything waited for goes at once.
@@ -791,9 +792,10 @@ class Connection:
     # --- output -------------------------------------------------------------------------------
 
     def write(self, packet: Any) -> None:
+        """Write a packet, or bytes already encoded (the fast encoders' answers)."""
         if self.closing:
             return
-        self.writer.write(encode(packet, self.version))
+        self.writer.write(packet if type(packet) is bytes else encode(packet, self.version))
 
     def can_send(self) -> bool:
         return not self.closing
@@ -1434,18 +1436,22 @@ class Connection:
         return self._push(fut, self._answer(p, "pub/sub"))
 
     def _answer(self, p: Publish, what: str):
-        """The PUBACK/PUBREC for a publish once its awaitable finished (or failed)."""
-        p = _without_payload(p)   # the answer waits its turn: it must not keep the payload alive
+        """The PUBACK/PUBREC for a publish once its awaitable finished (or failed). A successful
+        QoS 1 publish is answered with the encoded PUBACK (bytes: no Puback and Properties
+        objects, the same bytes); the answer keeps the topic, QoS and packet id, not the payload."""
+        topic, qos, pid = p.topic, p.qos, p.packet_id
 
         def answer(_result: Any, exc: BaseException | None) -> Any:
-            rc = RC.SUCCESS
-            reason = None
-            if exc is not None:
-                rc, reason = _flux_reason(exc)
-                log.info("MQTT %s: %s publish to %s failed: %s", self.client_id, what, p.topic, exc)
-                if not self.v5:
-                    raise _Close(None, "3.1.1 cannot signal a failed publish")
-            return self._ack_packet(p, rc, reason)
+            if exc is None:
+                if qos == 1:
+                    self.inbound_unacked -= 1
+                    return encode_ack_ok(0x40, pid)
+                return self._ack_packet(Publish(topic, b"", qos, False, False, pid), RC.SUCCESS, None)
+            rc, reason = _flux_reason(exc)
+            log.info("MQTT %s: %s publish to %s failed: %s", self.client_id, what, topic, exc)
+            if not self.v5:
+                raise _Close(None, "3.1.1 cannot signal a failed publish")
+            return self._ack_packet(Publish(topic, b"", qos, False, False, pid), rc, reason)
         return answer
 
     def _ack_packet(self, p: Publish, rc: ReasonCode, reason: str | None) -> Any:
@@ -1476,14 +1482,36 @@ class Connection:
             return self._refuse(p, RC.TOPIC_NAME_INVALID, str(exc))
         if not self._allowed("publish", topic):
             return self._refuse(p, RC.NOT_AUTHORIZED, f"not allowed to publish to queue {qt.queue!r}")
-        headers = _headers(_message_props(p.properties)) if self.v5 else None
-        # Started now, in arrival order: the appender commits in the order publishes are handed in.
-        task = asyncio.ensure_future(self.manager.publish(topic, p.payload, headers))
+        headers = _headers(_message_props(p.properties)) if (self.v5 and not p.properties.is_empty()) else None
+        task = self._append(topic, p.payload, headers)
         self._hold_inbound([task])
         if p.qos == 0:
             task.add_done_callback(_log_failure)
             return None
         return self._push(task, self._answer(p, "queue"))
+
+    def _append(self, topic: str, payload: bytes, headers: dict[str, Any] | None) -> asyncio.Future:
+        """A queue publish handed to the group commit now, in arrival order (the appender commits
+        in the order publishes are handed in). A topic that routes to a queue goes straight in
+        (QueueManager.publish_submit: a future, no task and coroutine per message); one whose
+        queue must be created first goes through a task (manager.publish), and while such a
+        task is pending every later publish of the connection does too: tasks start in creation
+        order, so appends still reach the appender in arrival order."""
+        if not self._slow_appends:
+            try:
+                fut = self.manager.publish_submit(topic, payload, headers)
+            except Exception as exc:  # noqa: BLE001 - reported through the future, as a task would
+                fut = asyncio.get_running_loop().create_future()
+                fut.set_exception(exc)
+            if fut is not None:
+                return fut
+        task = asyncio.ensure_future(self.manager.publish(topic, payload, headers))
+        self._slow_appends += 1
+        task.add_done_callback(self._slow_append_done)
+        return task
+
+    def _slow_append_done(self, _task: asyncio.Future) -> None:
+        self._slow_appends -= 1
 
     def _on_queue_ack(self, p: Publish, topic: str, queue: str, verb: str):
         up = dict(p.properties.user_properties) if self.v5 else {}

@@ -62,7 +62,7 @@ from fluxpg.topics import ack_verb, is_queue_topic, parse_queue_topic, split_que
 from .codec import (MQTT_5, Auth, Connack, Connect, Decoder, Disconnect, MQTTError, Pingreq, Pingresp,
                     Properties, ProtocolError, Puback, Pubcomp, Publish, Pubrec, Pubrel, Suback, Subscribe,
                     Unsuback, Unsubscribe, UnsupportedProtocolVersion, encode, encode_ack_ok,
-                    encode_publish_plain)
+                    encode_publish_plain, encode_publish_users)
 from .reasons import CONNACK_CODES, DISCONNECT_CODES, ReasonCode
 from .router import Message, Router, SubOptions, _ts, make_sub_options, props_from_json, props_to_json
 
@@ -809,10 +809,16 @@ class Connection:
             self.router.qos0_dropped += 1
             return False    # a QoS 0 message may be dropped (§4.3.1); the client is not reading
         topic = msg.topic
-        if not self.v5 or (not msg.props and msg.expires_at is None and not out.sub_ids
-                           and not self.client_alias_max):
-            # Nothing to put in properties: encode(Publish(...)) byte for byte, without objects.
-            data = encode_publish_plain(topic, msg.payload, out.qos, out.retain, out.pid or None, self.version)
+        props = msg.props
+        plain = not self.v5 or (msg.expires_at is None and not out.sub_ids and not self.client_alias_max)
+        if plain and (not props or not self.v5 or (len(props) == 1 and "user_properties" in props)):
+            # Nothing, or only user properties (queue deliveries), to put in properties:
+            # encode(Publish(...)) byte for byte, without objects.
+            if props and self.v5:
+                data = encode_publish_users(topic, msg.payload, out.qos, out.retain, out.pid or None,
+                                            props["user_properties"])
+            else:
+                data = encode_publish_plain(topic, msg.payload, out.qos, out.retain, out.pid or None, self.version)
             if self.client_max_packet and len(data) > self.client_max_packet:
                 log.info("MQTT %s: dropping a %d-byte message on %s above the client's maximum packet size",
                          self.client_id, len(data), topic)
@@ -845,7 +851,8 @@ class Connection:
                 elif len(self.out_aliases) < self.client_alias_max:
                     new_alias = len(self.out_aliases) + 1
                     props.topic_alias = new_alias
-        pkt = Publish(topic, msg.payload, out.qos, out.retain, False, out.pid or None, props or Properties())
+        pkt = Publish(topic, msg.payload, out.qos, out.retain, False, out.pid or None,
+                      props if props is not None else Properties())
         data = encode(pkt, self.version)
         if self.client_max_packet and len(data) > self.client_max_packet:
             log.info("MQTT %s: dropping a %d-byte message on %s above the client's maximum packet size",

@@ -322,8 +322,17 @@ def ack_verb(topic: str) -> tuple[str, str] | None:
     if verb is None or len(head) < len(QUEUE_PREFIX):
         # `$queue/$ack`: a `$ack` level but no queue before it — not an ack.
         return None
-    queue, _ = _split_name(head[len(QUEUE_PREFIX) :], topic)
-    return queue, verb
+    if len(topic) <= _CACHE_TOPIC_LEN:
+        # A consumer acks every message on the same topic: its queue name is checked once.
+        return _ack_queue_cached(head, topic), verb   # a refused name raises and is not cached
+    return _ack_queue(head, topic), verb
+
+
+def _ack_queue(head: str, topic: str) -> str:
+    return _split_name(head[len(QUEUE_PREFIX) :], topic)[0]
+
+
+_ack_queue_cached = lru_cache(maxsize=_PARSED_MAX)(_ack_queue)
 
 
 # --------------------------------------------------------------------------- consumer-group names

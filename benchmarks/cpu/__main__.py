@@ -1,7 +1,7 @@
 """CPU per message, fluxpg (broker + its PostgreSQL backends) against a peer, one command per protocol:
 
     python -m benchmarks.cpu amqp091 [--rounds 3] [--messages 3000]     # vs RabbitMQ (beam.smp)
-    python -m benchmarks.cpu mqtt    [--rounds 3] [--messages 3000]     # vs Mosquitto
+    python -m benchmarks.cpu mqtt    [--rounds 3] [--messages 3000] [--rows queue]   # vs Mosquitto
     python -m benchmarks.cpu sql     [--rounds 3] [--pgmq-sql pgmq.sql] # vs pgmq (PostgreSQL CPU only)
 
 Run from the repository root. fluxpg runs as `fluxpg serve` in a subprocess on free ports against a
@@ -40,7 +40,11 @@ async def run(args) -> dict:
                 samples.setdefault(name, []).append(res)
                 print(f"round {r + 1} {name}: " + ", ".join(
                     f"{k} {s.us_per_msg():.0f} µs/msg {s.rate:,.0f}/s" for k, s in res.items()), file=sys.stderr, flush=True)
-    return {"samples": samples, "peer": mod.PEER, "rows": mod.ROWS, "note": load_note()}
+    rows = mod.ROWS
+    if args.rows:
+        # Only the rows whose fluxpg side ran (--rows); the peer's side of each still runs.
+        rows = {label: keys for label, keys in rows.items() if keys[0] in args.rows}
+    return {"samples": samples, "peer": mod.PEER, "rows": rows, "note": load_note()}
 
 
 def summarize(result: dict) -> list[dict]:
@@ -142,6 +146,9 @@ def main() -> None:
     ap.add_argument("--compare-with", metavar="CHECKOUT",
                     help="amqp091/mqtt: also run the fluxpg of another checkout (e.g. `git worktree add /tmp/before "
                     "<commit>`), interleaved in the same rounds: before/after on one machine state")
+    ap.add_argument("--rows", type=lambda v: tuple(x.strip() for x in v.split(",") if x.strip()),
+                    help="mqtt: run only these fluxpg rows, comma-separated (queue, pubsub); the peer's "
+                    "pub/sub always runs (it is the comparison of both)")
     ap.add_argument("--json", help="also write the summary rows to this file")
     args = ap.parse_args()
     if args.messages is None:

@@ -3,7 +3,8 @@ for both, 256-byte payloads, QoS 1 with 100 in flight.
 
 Rows: QoS 1 into a durable queue `$queue/<q>/orders`, consumed in group `bench` and acked by a
 QoS 0 `$queue/<q>/$ack` per message (fluxpg only: compared with Mosquitto's plain pub/sub, the
-issue's target); QoS 1 plain pub/sub on both, its subscriber in a process of its own. The measured
+issue's target); QoS 1 plain pub/sub on both. Each row's subscriber runs in a process of its own
+(the durable-queue row's since 2026-11-24: QUEUE_SUBSCRIBER_IN_PUBLISHER below). The measured
 window runs from the first publish to the last delivery plus 0.3 s (so the last acks are processed
 inside it), on both sides. A round in which the broker lost messages is reported and left out of
 the figures (Sample.complete).
@@ -11,6 +12,7 @@ the figures (Sample.complete).
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import struct
 import sys
 import threading
@@ -31,6 +33,12 @@ ROWS = {
     "MQTT QoS 1 plain pub/sub": ("pubsub", "pubsub"),
 }
 SETTLE = 0.3
+# The durable-queue row's subscriber ran in the publisher's process until 2026-11-24: its paho
+# threads shared one GIL with the publisher's, and this subscriber does twice a plain one's work
+# (five user properties to decode, an `$ack` to publish per message) -- the same pattern against
+# Mosquitto ran at ~2,000 msg/s that way, ~3,500 without the properties, against Mosquitto's
+# 6,000+ plain pub/sub with the subscriber in a process of its own. Set to compare with then.
+QUEUE_SUBSCRIBER_IN_PUBLISHER = bool(os.environ.get("FLUXPG_BENCH_QUEUE_SUB_IN_PUBLISHER"))
 # The session bound (bounds.mqtt_session_outbound_messages, 1,000 by default) is raised so that a
 # subscriber falling behind its publisher -- the paho client on these loaded cores, more often the
 # faster the broker -- is not disconnected with 0x97 in the middle of a run: the run measures the
@@ -55,22 +63,34 @@ def _watch_disconnects(client) -> list:
     return reasons
 
 
-def _subscriber_main(host: str, port: int, topic: str, n: int, ready, done, stop, count, last, out) -> None:
-    """The pub/sub subscriber, in a process of its own (see _SubscriberProcess)."""
+def _subscriber_main(host: str, port: int, topic: str, n: int, ready, done, stop, count, last, out,
+                     queue: str | None = None) -> None:
+    """The subscriber, in a process of its own (see _SubscriberProcess): of `topic`, or with
+    `queue` of `$queue/<queue>/#` in group `bench`, acking each message with a QoS 0 `$ack`."""
     from benchmarks.mqtt import _client as client
-    sub = client(port, "csub", host)
+    sub = client(port, "cqsub" if queue else "csub", host)
     reasons = _watch_disconnects(sub)
     latencies: list[float] = []
 
     def on_message(c, u, m):
         now = time.perf_counter()          # CLOCK_MONOTONIC: the publisher's clock too
+        if queue is not None:
+            props = dict(m.properties.UserProperty)
+            ack = Properties(PacketTypes.PUBLISH)
+            ack.UserProperty = [("message-id", props["message-id"]), ("group-id", props["group-id"])]
+            c.publish(f"$queue/{queue}/$ack", b"", qos=0, properties=ack)
         latencies.append(now - struct.unpack(">d", m.payload[:8])[0])
         count.value = len(latencies)
         last.value = now
         if len(latencies) >= n:
             done.set()
     sub.on_message = on_message
-    _subscribe(sub, topic)
+    if queue is not None:
+        sp = Properties(PacketTypes.SUBSCRIBE)
+        sp.UserProperty = [("consumer-group", "bench")]
+        _subscribe(sub, f"$queue/{queue}/#", sp)
+    else:
+        _subscribe(sub, topic)
     ready.set()
     stop.wait()
     told = list(reasons)                   # not the disconnect we are about to make
@@ -85,7 +105,7 @@ class _SubscriberProcess:
     behind in about half the rounds once the broker was fast -- Mosquitto then drops
     (max_queued_messages) and fluxpg disconnects (0x97), and the round measures the harness."""
 
-    def __init__(self, host: str, port: int, topic: str, n: int):
+    def __init__(self, host: str, port: int, topic: str, n: int, queue: str | None = None):
         ctx = mp.get_context("spawn")
         self.n = n
         self.first_sent = self.publish_done = self.last_received = 0.0
@@ -96,7 +116,7 @@ class _SubscriberProcess:
         self._out = ctx.Queue()
         self._proc = ctx.Process(target=_subscriber_main, daemon=True,
                                  args=(host, port, topic, n, ready, self.done, self._stop, self._count,
-                                       self._last, self._out))
+                                       self._last, self._out, queue))
         self._proc.start()
         if not ready.wait(60):
             self.close()
@@ -159,7 +179,16 @@ def pubsub(host: str, port: int, n: int, meter: Meter, inflight: int = 100) -> S
 
 
 def queue(host: str, port: int, n: int, meter: Meter, inflight: int = 100) -> Sample:
+    """The durable-queue row, its subscriber (which acks) in a process of its own as the pub/sub
+    row's (same client arrangement as the peer's row; QUEUE_SUBSCRIBER_IN_PUBLISHER runs it in
+    the publisher's process, as before 2026-11-24)."""
     name = f"cpu_{uuid.uuid4().hex[:8]}"
+    if not QUEUE_SUBSCRIBER_IN_PUBLISHER:
+        run = _SubscriberProcess(host, port, "", n, queue=name)
+        try:
+            return _measure(host, port, f"$queue/{name}/orders", run, meter, inflight)
+        finally:
+            run.close()
     run = Run(n)
     sub = _client(port, "cqsub", host)
 
@@ -185,9 +214,15 @@ def queue(host: str, port: int, n: int, meter: Meter, inflight: int = 100) -> Sa
 def one_round(side: str, target: tuple[str, int], meter: Meter, args) -> dict[str, Sample]:
     host, port = target
     out = {}
+    rows = getattr(args, "rows", None) or ("queue", "pubsub")
     if side.startswith("fluxpg"):
-        out["queue"] = queue(host, port, args.messages, meter)
-    out["pubsub"] = pubsub(host, port, args.messages, meter)
+        if "queue" in rows:
+            out["queue"] = queue(host, port, args.messages, meter)
+        if "pubsub" in rows:
+            out["pubsub"] = pubsub(host, port, args.messages, meter)
+    else:
+        # The peer's plain pub/sub is the comparison of both rows: always run.
+        out["pubsub"] = pubsub(host, port, args.messages, meter)
     return out
 
 

@@ -19,6 +19,13 @@ reason). A failed call leaves its entries pending: they come back after the visi
   written (AMQP 0-9-1 basic.recover, channel close; AMQP 1.0 connection close).
 - `requeues` counts releases and nacks not yet written and `requeued` is set when there are none:
   new credit waits for them, or a claim would pass the requeued message by (AMQP 1.0).
+- `linger` (seconds, default 0: off): while everything pending is an `ack` nobody waits for
+  (`settle`), a batch waits that long for more before it is written (at most `linger_max`
+  entries): a client that acks each message with a fire-and-forget packet (MQTT `$ack` QoS 0)
+  then costs one ack call per `linger` instead of one per database round trip. Anything else
+  submitted -- a future someone waits for, a nack, release or reject -- and `flush` end the wait
+  at once. An ack written later is still at least once: until it is written the entry is
+  pending, and comes back only after the visibility timeout.
 """
 from __future__ import annotations
 
@@ -37,11 +44,17 @@ _Key = tuple[str, str, str, int, "str | None"]          # verb, queue, group, pa
 
 
 class Settler:
-    def __init__(self, manager: Any, label: str):
+    def __init__(self, manager: Any, label: str, *, linger: float = 0.0, linger_max: int = 512):
         self.manager = manager
         self.label = label                                   # who settles, for the log
         self._pending: dict[_Key, list[tuple[int, asyncio.Future | None]]] = {}
         self._task: asyncio.Task | None = None
+        self.linger = linger
+        self.linger_max = linger_max
+        self._count = 0          # entries pending
+        self._lazy = True        # every pending entry is an ack nobody waits for
+        self._hurry = 0          # flushes waiting: no lingering
+        self._nap: asyncio.Future | None = None
         self.requeues = 0
         self.requeued = asyncio.Event()
         self.requeued.set()
@@ -63,20 +76,35 @@ class Settler:
         if verb not in VERBS:
             raise ValueError(f"unknown settlement {verb!r}")
         self._pending.setdefault((verb, queue, group, partition, reason), []).append((seq, fut))
+        self._count += 1
+        if fut is not None or verb != "ack":
+            self._lazy = False
         if verb in REQUEUES:
             self.requeues += 1
             self.requeued.clear()
+        if self._nap is not None and (not self._lazy or self._count >= self.linger_max):
+            self._wake()
         if self._task is None or self._task.done():
             self._task = asyncio.ensure_future(self._run())
 
+    def _wake(self) -> None:
+        nap, self._nap = self._nap, None
+        if nap is not None and not nap.done():
+            nap.set_result(None)
+
     async def flush(self) -> None:
         """Until everything submitted so far, and anything submitted meanwhile, is written."""
-        while self._pending or (self._task is not None and not self._task.done()):
-            if self._task is None or self._task.done():
-                self._task = asyncio.ensure_future(self._run())
-            # Shielded: a caller cancelled while waiting must not cancel a batch mid-query
-            # (its settlements would be lost).
-            await asyncio.shield(self._task)
+        self._hurry += 1
+        try:
+            self._wake()
+            while self._pending or (self._task is not None and not self._task.done()):
+                if self._task is None or self._task.done():
+                    self._task = asyncio.ensure_future(self._run())
+                # Shielded: a caller cancelled while waiting must not cancel a batch mid-query
+                # (its settlements would be lost).
+                await asyncio.shield(self._task)
+        finally:
+            self._hurry -= 1
 
     async def close(self, timeout: float) -> None:
         """Write what is left (the connection ended), giving up after `timeout` seconds."""
@@ -89,7 +117,19 @@ class Settler:
 
     async def _run(self) -> None:
         while self._pending:
+            if self.linger and self._lazy and not self._hurry and self._count < self.linger_max:
+                loop = asyncio.get_running_loop()
+                nap = self._nap = loop.create_future()
+                timer = loop.call_later(self.linger, self._wake)
+                try:
+                    await nap
+                finally:
+                    timer.cancel()
+                    if self._nap is nap:
+                        self._nap = None
             batch, self._pending = self._pending, {}
+            self._count = 0
+            self._lazy = True
             for (verb, queue, group, partition, reason), items in batch.items():
                 seqs = [seq for seq, _ in items]
                 try:

@@ -587,6 +587,45 @@ def test_receive_maximum_bounds_in_flight_queue_deliveries(threaded_broker, qnam
     sub.close()
 
 
+def test_queue_credit_comes_back_in_chunks_and_qos0_acks_are_applied(threaded_broker, qname):
+    # A window of 16: with half a window or more still unacknowledged, credit goes back to the
+    # engine four at a time (a claim per chunk, not per PUBACK); order and the window hold.
+    server = threaded_broker(queues=[classic(qname)])
+    port = server.port("mqtt")
+    pub = Paho(port)
+    infos = [pub.publish(f"$queue/{qname}", b"%02d" % i, qos=1, wait=False) for i in range(40)]
+    for info in infos:
+        info.wait_for_publish(TIMEOUT)
+    cp = PahoProps(PacketTypes.CONNECT)
+    cp.ReceiveMaximum = 16
+    sub = Paho(port, props=cp, manual_ack=True)
+    sub.subscribe(f"$queue/{qname}", qos=1, props=user_props(consumer_group="chunks"))
+    got = [sub.get() for _ in range(16)]
+    sub.nothing(0.5)                        # the window is full
+    for m in got[:3]:
+        sub.c.ack(m.mid, m.qos)
+    sub.nothing(0.5)                        # 13 still in flight: the credit waits for a chunk
+    sub.c.ack(got[3].mid, got[3].qos)
+    got += [sub.get() for _ in range(4)]    # a chunk of four
+    sub.nothing(0.3)
+    for m in got[4:]:                       # running short: every PUBACK gives credit back
+        sub.c.ack(m.mid, m.qos)
+    while len(got) < 40:
+        m = sub.get()
+        sub.c.ack(m.mid, m.qos)
+        got.append(m)
+    assert [m.payload for m in got] == [b"%02d" % i for i in range(40)]
+    # Fire-and-forget `$ack`s (QoS 0) are gathered (Settler.linger), then applied.
+    for m in got:
+        p = msg_props(m)
+        sub.publish(f"$queue/{qname}/$ack", b"", qos=0, props=pub_props(message_id=p["message-id"],
+                                                                           group_id=p["group-id"]))
+    wait_until(lambda: (group_row(server, qname, "chunks") or {}).get("committed") == 40)
+    assert group_row(server, qname, "chunks")["pending"] == 0
+    pub.close()
+    sub.close()
+
+
 def test_qos0_subscription_to_classic_queue_refused(threaded_broker, qname):
     server = threaded_broker(queues=[classic(qname)])
     c = Paho(server.port("mqtt"))

@@ -116,3 +116,20 @@ def test_empty_properties_are_cheap_and_equal():
     assert not Properties(user_properties=[("k", "v")]).is_empty()
     assert not Properties(topic_alias=3).is_empty()
     assert Properties(user_properties=None).is_empty()
+
+
+user_texts = st.one_of(st.text(max_size=30), st.sampled_from(["", "a\x00b", "\ud800", "é😀", "message-id", "group-id"]),
+                       st.integers(65530, 65540).map(lambda n: "u" * n))
+
+
+@settings(max_examples=400, deadline=None)
+@given(topic=topics, payload=payloads, qos=qoss, retain=st.booleans(), pid=packet_ids,
+       users=st.lists(st.tuples(user_texts, user_texts), max_size=6))
+def test_publish_with_user_properties_is_byte_identical(topic, payload, qos, retain, pid, users):
+    codec._topic_cache.clear()
+    codec._key_cache.clear()
+    slow = _outcome(lambda: encode(Publish(topic, payload, qos, retain, False, pid,
+                                           Properties(user_properties=users)), 5))
+    assert _outcome(lambda: codec.encode_publish_users(topic, payload, qos, retain, pid, users)) == slow
+    # Twice: names and topic from the caches.
+    assert _outcome(lambda: codec.encode_publish_users(topic, payload, qos, retain, pid, users)) == slow

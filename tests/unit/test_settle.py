@@ -135,3 +135,43 @@ def test_unknown_verbs_are_refused():
     s = Settler(Manager(), "test")
     with pytest.raises(ValueError):
         s.settle("commit", "q", "g", 1)
+
+
+async def test_linger_gathers_fire_and_forget_acks_and_anything_else_ends_it():
+    m = Manager()
+    s = Settler(m, "test", linger=30.0, linger_max=5)
+    for seq in (1, 2):
+        s.settle("ack", "q", "g", seq)
+    await asyncio.sleep(0.05)
+    assert m.calls == []                           # waiting for more (up to `linger`)
+    fut = s.submit("ack", "q", "g", 3)             # somebody waits: written at once
+    assert await asyncio.wait_for(fut, 5) == 3
+    assert m.calls == [("ack", "q", "g", [1, 2, 3], 0, None)]
+    s.settle("ack", "q", "g", 4)
+    s.settle("release", "q", "g", 5)               # a requeue is not held back either
+    await asyncio.wait_for(s.requeued.wait(), 5)
+    assert m.calls[1:] == [("ack", "q", "g", [4], 0, None), ("release", "q", "g", [5], 0, None)]
+    for seq in range(6, 11):                       # linger_max entries: written without waiting
+        s.settle("ack", "q", "g", seq)
+    for _ in range(50):
+        if len(m.calls) == 4:
+            break
+        await asyncio.sleep(0.01)
+    assert m.calls[3] == ("ack", "q", "g", [6, 7, 8, 9, 10], 0, None)
+    s.settle("ack", "q", "g", 11)
+    await asyncio.wait_for(s.flush(), 5)           # flush does not wait for the linger
+    assert m.calls[4] == ("ack", "q", "g", [11], 0, None)
+
+
+async def test_linger_ends_after_its_time():
+    m = Manager()
+    s = Settler(m, "test", linger=0.02)
+    s.settle("ack", "q", "g", 1)
+    s.settle("ack", "q", "g", 2)
+    await asyncio.sleep(0)
+    assert m.calls == []
+    for _ in range(100):
+        if m.calls:
+            break
+        await asyncio.sleep(0.01)
+    assert m.calls == [("ack", "q", "g", [1, 2], 0, None)]

@@ -514,6 +514,68 @@ def encode_publish_plain(topic: str, payload: bytes, qos: int, retain: bool, pac
     return b"".join((bytes((first,)), encode_varint(n), head, payload))
 
 
+_KEY_CACHE_MAX = 256
+_key_cache: dict[str, bytes] = {}
+
+
+def _key_bytes(key: str) -> bytes:
+    """A user property's name as encode_str() writes it; the names repeat, so remembered."""
+    b = _key_cache.get(key)
+    if b is None:
+        b = encode_str(key)
+        if len(key) <= 64:
+            if len(_key_cache) >= _KEY_CACHE_MAX:
+                _key_cache.clear()
+            _key_cache[key] = b
+    return b
+
+
+def encode_publish_users(topic: str, payload: bytes, qos: int, retain: bool, packet_id: int | None,
+                         users: list[tuple[str, str]]) -> bytes:
+    """encode(Publish(topic, payload, qos, retain, False, packet_id,
+    Properties(user_properties=users)), MQTT_5): a v5 PUBLISH whose only properties are user
+    properties (queue deliveries: message-id, group-id, ... -- DESIGN §4) without building
+    Properties / Publish objects."""
+    t = _topic_bytes(topic)
+    first = 0x30 | (qos << 1) | (0x01 if retain else 0)
+    if qos:
+        if qos not in (1, 2):
+            raise ValueError(f"QoS must be 0, 1 or 2, got {qos!r}")
+        if not isinstance(packet_id, int) or not 1 <= packet_id <= 0xFFFF:
+            raise ValueError(f"packet identifier must be 1..65535, got {packet_id!r}")
+        t += _pack_H(packet_id)
+    if users:
+        parts = []
+        for k, v in users:
+            kb = _key_bytes(k)          # the name first, as encode_properties()
+            try:
+                vb = v.encode("utf-8")
+            except (UnicodeEncodeError, AttributeError):
+                vb = b""
+                encode_str(v)           # raises what encode() raises
+            if len(vb) > 0xFFFF or "\x00" in v:
+                encode_str(v)           # raises
+            parts.append(b"\x26" + kb + _pack_H(len(vb)) + vb)
+        body = b"".join(parts)
+        n = len(body)
+        props = _short_varint(n) + body
+    else:
+        props = b"\x00"
+    n = len(t) + len(props) + len(payload)
+    if n > MAX_REMAINING_LENGTH:
+        raise ValueError(f"packet body of {n} bytes exceeds the MQTT maximum {MAX_REMAINING_LENGTH}")
+    return b"".join((bytes((first,)), _short_varint(n), t, props, payload))
+
+
+def _short_varint(n: int) -> bytes:
+    """encode_varint(n) for n ≥ 0, the one- and two-byte forms without a loop."""
+    if n < 0x80:
+        return bytes((n,))
+    if n < 0x4000:
+        return bytes(((n & 0x7F) | 0x80, n >> 7))
+    return encode_varint(n)
+
+
 def encode(packet: Packet, version: int) -> bytes:
     """The wire bytes of `packet` for protocol level `version` (3, 4 or 5).
 

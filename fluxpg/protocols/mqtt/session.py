@@ -62,7 +62,7 @@ from fluxpg.topics import ack_verb, is_queue_topic, parse_queue_topic, split_que
 from .codec import (MQTT_5, Auth, Connack, Connect, Decoder, Disconnect, MQTTError, Pingreq, Pingresp,
                     Properties, ProtocolError, Puback, Pubcomp, Publish, Pubrec, Pubrel, Suback, Subscribe,
                     Unsuback, Unsubscribe, UnsupportedProtocolVersion, encode, encode_ack_ok,
-                    encode_publish_plain)
+                    encode_publish_plain, encode_publish_users)
 from .reasons import CONNACK_CODES, DISCONNECT_CODES, ReasonCode
 from .router import Message, Router, SubOptions, _ts, make_sub_options, props_from_json, props_to_json
 
@@ -72,6 +72,7 @@ RC = ReasonCode
 SESSION_NEVER_EXPIRES = 0xFFFFFFFF
 _RESERVED_PREFIXES = ("$SYS/", "$share/", "$dlq/")   # `$queue/` is handled before
 _FORWARDED = ("content_type", "response_topic", "correlation_data", "payload_format_indicator")
+ACK_LINGER = 0.01     # seconds a fire-and-forget queue ack waits for more (Settler.linger)
 
 
 @dataclass
@@ -141,8 +142,11 @@ class QueueSub:
         self.position = position
         self.sub_id = sub_id
         self.engine: Any = None
+        self.window = 0       # the engine's credit at open: deliveries unacknowledged at most
+        self.returned = 0     # acknowledged deliveries whose credit is not granted back yet
 
     async def open(self, manager: Any, credit: int) -> None:
+        self.window, self.returned = credit, 0
         self.engine = await manager.subscribe(self.queue, self.group, self.session.client_id,
                                               on_delivery=self.on_delivery, filter=self.filter,
                                               position=self.position, credit=credit, on_error=self.on_error)
@@ -163,6 +167,22 @@ class QueueSub:
         sess.enqueue(out)
         if self.qos == 0:
             self.engine.grant(1)   # nothing will acknowledge it
+
+    def give_back(self) -> None:
+        """A delivery was acknowledged (PUBACK, PUBCOMP): its credit goes back to the engine --
+        in chunks of a quarter window while the subscriber still has at least half a window in
+        flight, so that a busy subscriber's engine claims a chunk at a time instead of one claim
+        (a transaction) per few acknowledgements; at once when it is running short. The window
+        (at most `window` unacknowledged) is unchanged; only when the engine may claim again."""
+        engine = self.engine
+        if engine is None:
+            return
+        self.returned += 1
+        window = self.window
+        if self.returned < window // 4 and window - (engine.credit or 0) - self.returned >= window // 2:
+            return
+        engine.grant(self.returned)
+        self.returned = 0
 
     def on_error(self, exc: FluxError) -> None:
         log.warning("MQTT %s: queue subscription %s ended: %s", self.session.client_id, self.topic_filter, exc)
@@ -577,9 +597,7 @@ class Session:
         """An outbound QoS 1/2 message is done: give the queue subscription its credit back."""
         self._release(out)
         if out.qref is not None:
-            qsub = out.qref[0]
-            if qsub.engine is not None:
-                qsub.engine.grant(1)
+            out.qref[0].give_back()
 
     # --- timers -------------------------------------------------------------------------------
 
@@ -745,7 +763,11 @@ class Connection:
         # waits for nothing has nothing to wait behind either: it is written at once (_on_publish).
         self._unfinished = 0
         self._tasks: list[asyncio.Task] = []
-        self.acks = Settler(ctx.manager, f"mqtt {self.peer}")   # $ack/$nack/$reject and 3.1.1 PUBACKs
+        self._slow_appends = 0            # queue publishes going through a task (_append)
+        # $ack/$nack/$reject and 3.1.1 PUBACKs. Fire-and-forget acks (QoS 0 `$ack`, a 3.1.1
+        # PUBACK) linger up to ACK_LINGER for more: one ack call per batch of a busy subscriber
+        # instead of one per round trip (a few messages each); anything waited for goes at once.
+        self.acks = Settler(ctx.manager, f"mqtt {self.peer}", linger=ACK_LINGER)
         self._lingering = False
 
     @property
@@ -770,9 +792,10 @@ class Connection:
     # --- output -------------------------------------------------------------------------------
 
     def write(self, packet: Any) -> None:
+        """Write a packet, or bytes already encoded (the fast encoders' answers)."""
         if self.closing:
             return
-        self.writer.write(encode(packet, self.version))
+        self.writer.write(packet if type(packet) is bytes else encode(packet, self.version))
 
     def can_send(self) -> bool:
         return not self.closing
@@ -786,10 +809,16 @@ class Connection:
             self.router.qos0_dropped += 1
             return False    # a QoS 0 message may be dropped (§4.3.1); the client is not reading
         topic = msg.topic
-        if not self.v5 or (not msg.props and msg.expires_at is None and not out.sub_ids
-                           and not self.client_alias_max):
-            # Nothing to put in properties: encode(Publish(...)) byte for byte, without objects.
-            data = encode_publish_plain(topic, msg.payload, out.qos, out.retain, out.pid or None, self.version)
+        props = msg.props
+        plain = not self.v5 or (msg.expires_at is None and not out.sub_ids and not self.client_alias_max)
+        if plain and (not props or not self.v5 or (len(props) == 1 and "user_properties" in props)):
+            # Nothing, or only user properties (queue deliveries), to put in properties:
+            # encode(Publish(...)) byte for byte, without objects.
+            if props and self.v5:
+                data = encode_publish_users(topic, msg.payload, out.qos, out.retain, out.pid or None,
+                                            props["user_properties"])
+            else:
+                data = encode_publish_plain(topic, msg.payload, out.qos, out.retain, out.pid or None, self.version)
             if self.client_max_packet and len(data) > self.client_max_packet:
                 log.info("MQTT %s: dropping a %d-byte message on %s above the client's maximum packet size",
                          self.client_id, len(data), topic)
@@ -822,7 +851,8 @@ class Connection:
                 elif len(self.out_aliases) < self.client_alias_max:
                     new_alias = len(self.out_aliases) + 1
                     props.topic_alias = new_alias
-        pkt = Publish(topic, msg.payload, out.qos, out.retain, False, out.pid or None, props or Properties())
+        pkt = Publish(topic, msg.payload, out.qos, out.retain, False, out.pid or None,
+                      props if props is not None else Properties())
         data = encode(pkt, self.version)
         if self.client_max_packet and len(data) > self.client_max_packet:
             log.info("MQTT %s: dropping a %d-byte message on %s above the client's maximum packet size",
@@ -929,6 +959,10 @@ class Connection:
     async def _cleanup(self) -> None:
         try:
             await cancel_and_wait(self._tasks)
+            # Acks still gathering (Settler.linger) are written before the subscriptions close
+            # (or a connection taking the session over claims): a client must not get back
+            # what it acked on this connection.
+            await self.acks.close(5.0)
             sess = self.session
             if sess is not None and sess.conn is self:
                 await self._detach(sess)
@@ -1409,18 +1443,22 @@ class Connection:
         return self._push(fut, self._answer(p, "pub/sub"))
 
     def _answer(self, p: Publish, what: str):
-        """The PUBACK/PUBREC for a publish once its awaitable finished (or failed)."""
-        p = _without_payload(p)   # the answer waits its turn: it must not keep the payload alive
+        """The PUBACK/PUBREC for a publish once its awaitable finished (or failed). A successful
+        QoS 1 publish is answered with the encoded PUBACK (bytes: no Puback and Properties
+        objects, the same bytes); the answer keeps the topic, QoS and packet id, not the payload."""
+        topic, qos, pid = p.topic, p.qos, p.packet_id
 
         def answer(_result: Any, exc: BaseException | None) -> Any:
-            rc = RC.SUCCESS
-            reason = None
-            if exc is not None:
-                rc, reason = _flux_reason(exc)
-                log.info("MQTT %s: %s publish to %s failed: %s", self.client_id, what, p.topic, exc)
-                if not self.v5:
-                    raise _Close(None, "3.1.1 cannot signal a failed publish")
-            return self._ack_packet(p, rc, reason)
+            if exc is None:
+                if qos == 1:
+                    self.inbound_unacked -= 1
+                    return encode_ack_ok(0x40, pid)
+                return self._ack_packet(Publish(topic, b"", qos, False, False, pid), RC.SUCCESS, None)
+            rc, reason = _flux_reason(exc)
+            log.info("MQTT %s: %s publish to %s failed: %s", self.client_id, what, topic, exc)
+            if not self.v5:
+                raise _Close(None, "3.1.1 cannot signal a failed publish")
+            return self._ack_packet(Publish(topic, b"", qos, False, False, pid), rc, reason)
         return answer
 
     def _ack_packet(self, p: Publish, rc: ReasonCode, reason: str | None) -> Any:
@@ -1451,14 +1489,36 @@ class Connection:
             return self._refuse(p, RC.TOPIC_NAME_INVALID, str(exc))
         if not self._allowed("publish", topic):
             return self._refuse(p, RC.NOT_AUTHORIZED, f"not allowed to publish to queue {qt.queue!r}")
-        headers = _headers(_message_props(p.properties)) if self.v5 else None
-        # Started now, in arrival order: the appender commits in the order publishes are handed in.
-        task = asyncio.ensure_future(self.manager.publish(topic, p.payload, headers))
+        headers = _headers(_message_props(p.properties)) if (self.v5 and not p.properties.is_empty()) else None
+        task = self._append(topic, p.payload, headers)
         self._hold_inbound([task])
         if p.qos == 0:
             task.add_done_callback(_log_failure)
             return None
         return self._push(task, self._answer(p, "queue"))
+
+    def _append(self, topic: str, payload: bytes, headers: dict[str, Any] | None) -> asyncio.Future:
+        """A queue publish handed to the group commit now, in arrival order (the appender commits
+        in the order publishes are handed in). A topic that routes to a queue goes straight in
+        (QueueManager.publish_submit: a future, no task and coroutine per message); one whose
+        queue must be created first goes through a task (manager.publish), and while such a
+        task is pending every later publish of the connection does too: tasks start in creation
+        order, so appends still reach the appender in arrival order."""
+        if not self._slow_appends:
+            try:
+                fut = self.manager.publish_submit(topic, payload, headers)
+            except Exception as exc:  # noqa: BLE001 - reported through the future, as a task would
+                fut = asyncio.get_running_loop().create_future()
+                fut.set_exception(exc)
+            if fut is not None:
+                return fut
+        task = asyncio.ensure_future(self.manager.publish(topic, payload, headers))
+        self._slow_appends += 1
+        task.add_done_callback(self._slow_append_done)
+        return task
+
+    def _slow_append_done(self, _task: asyncio.Future) -> None:
+        self._slow_appends -= 1
 
     def _on_queue_ack(self, p: Publish, topic: str, queue: str, verb: str):
         up = dict(p.properties.user_properties) if self.v5 else {}
@@ -1475,8 +1535,14 @@ class Connection:
                 coro = self.manager.commit(queue, group, offset + 1, partition)
             else:
                 _, seq = parse_message_id(up.get("message-id", ""))
+                reason = up.get("reason") if verb == "reject" else None
+                if p.qos == 0:
+                    # Nobody waits: the connection's settler may gather it with the next ones
+                    # (its linger); a failure is logged there.
+                    self.acks.settle(verb, queue, group, seq, partition, reason)
+                    return None
                 coro = None
-                task = self.acks.submit(verb, queue, group, seq, partition, up.get("reason") if verb == "reject" else None)
+                task = self.acks.submit(verb, queue, group, seq, partition, reason)
         except (InvalidArgument, ValueError) as exc:
             return self._refuse(p, RC.IMPLEMENTATION_SPECIFIC_ERROR, f"${verb}: {exc}")
         if coro is not None:
@@ -1543,7 +1609,7 @@ class Connection:
     def _ack_delivery(self, out: Outgoing) -> None:
         """3.1.1: the subscriber's PUBACK acknowledges the queue message (DESIGN §4)."""
         qsub, d = out.qref
-        self.acks.submit("ack", d.queue, d.group, d.seq, d.partition).add_done_callback(_log_failure)
+        self.acks.settle("ack", d.queue, d.group, d.seq, d.partition)
 
     # -- SUBSCRIBE / UNSUBSCRIBE --
 

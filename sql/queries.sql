@@ -56,6 +56,13 @@ SELECT pg_try_advisory_lock(1179669332, -1);
 -- name: sequencer_sleep_unlock
 SELECT pg_advisory_unlock(1179669332, -1);
 
+-- name: sequencer_asleep_elsewhere
+-- The sleep lock is held exclusively, i.e. by another node's sleeping sequencer (publishing
+-- commits hold it shared): publishing commits NOTIFY until it wakes, and every node hears it.
+SELECT EXISTS (SELECT 1 FROM pg_locks
+                WHERE locktype = 'advisory' AND classid = 1179669332 AND objid = 4294967295 AND objsubid = 2
+                  AND mode = 'ExclusiveLock' AND granted);
+
 -- name: claim
 SELECT queue, grp, partition, seq, topic, payload, headers, created_at, delivery_count
   FROM fluxpg.claim($1, $2, $3, $4, $5::jsonpath);

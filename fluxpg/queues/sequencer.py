@@ -9,9 +9,9 @@ advisory lock (1179669332, -1) on a connection of its own and looks once more; w
 that lock, the commit trigger (fluxpg._outbox_commit) of each publishing transaction NOTIFYs
 fluxpg_outbox. The lock is not granted while a publishing commit is under way (they hold it
 shared until their commit ends), so no commit falls between the last look and the sleep. A
-message published to an idle broker used to wait for the next poll (up to POLL_MAX, 50 ms); an
-idle broker polled 20 times a second. Only one node's sequencer can hold the lock: the others
-poll every POLL_MAX, as all did before, and wake on the same NOTIFY. Every node runs one;
+message published to an idle broker used to wait for the next poll (up to 50 ms); an idle broker
+polled 20 times a second. Only one node's sequencer holds the lock; the others, seeing it held
+exclusively, sleep as well (every node LISTENs, so the same NOTIFY wakes them). Every node runs one;
 fluxpg.sequence_claim() lets one move at a time, so nodes never reorder each other's work.
 
 Handoff, as the appender's (queues/appender.py): consumers of this node waiting on a queue the
@@ -48,13 +48,14 @@ class Sequencer:
         self._dsn = dsn                  # for the sleep lock's own connection; None: never sleep
         self._lock_conn: asyncpg.Connection | None = None
         self._woken = asyncio.Event()
-        self.sleeping = False
+        self.sleeping = False            # waiting for a publishing commit's NOTIFY, not polling
         self._backoff = POLL_MIN         # the poll while the sleep lock is not granted
         self._task: asyncio.Task | None = None
         # Queue id → loop time of the last move into it: only these are planned for, so an idle
         # poll reserves no subscription of a queue that is never published to transactionally.
         self._recent: dict[int, float] = {}
         self.moved = 0
+        self.rounds = 0   # statistics: sequence_claim calls
         self.handed = 0   # statistics: messages claimed inside a move's transaction
 
     def start(self) -> None:
@@ -80,6 +81,7 @@ class Sequencer:
             for qid in [q for q, t in self._recent.items() if now - t > RECENT]:
                 del self._recent[qid]
             targets = handoff.plan(set(self._recent))
+        self.rounds += 1
         try:
             records = await db.fetch(self._pool, "sequence_claim", BATCH, [t.queue for t in targets],
                                      [t.group for t in targets], [t.consumer for t in targets],
@@ -110,31 +112,53 @@ class Sequencer:
         self._woken.set()
 
     async def _sleep(self) -> None:
-        """Idle: sleep until a publishing commit wakes us (or IDLE_POLL), holding the sleep lock.
-        Without it — a publishing commit under way (for a moment), or another node's sequencer
-        asleep (for as long as it is idle) — poll, backing off from POLL_MIN to POLL_MAX."""
+        """Idle: sleep until a publishing commit wakes us (or IDLE_POLL), holding the sleep lock,
+        or without it while another node's sequencer holds it. Refused for a publishing commit
+        under way (for a moment): poll, backing off from POLL_MIN to POLL_MAX."""
+        self._woken.clear()
         conn = await self._sleep_lock()
         if conn is None:
+            if await self._asleep_elsewhere():
+                # Another node's sequencer sleeps: the commit that wakes it wakes this one too
+                # (every node LISTENs). Should that node go away meanwhile, its lock goes with
+                # its connection and this one looks again after IDLE_POLL.
+                self.sleeping = True
+                try:
+                    await self._wait_woken()
+                finally:
+                    self.sleeping = False
+                return
             await asyncio.sleep(self._backoff)
             self._backoff = min(2 * self._backoff, POLL_MAX)
             return
         self._backoff = POLL_MIN
         try:
-            self._woken.clear()
             # Whatever committed before the lock was granted is visible now: look once more.
             if await self.run_once():
                 return
             self.sleeping = True
-            try:
-                await asyncio.wait_for(self._woken.wait(), IDLE_POLL)
-            except asyncio.TimeoutError:
-                pass
+            await self._wait_woken()
         finally:
             self.sleeping = False
             try:
                 await conn.fetchval(db.queries()["sequencer_sleep_unlock"])
             except Exception:  # noqa: BLE001 - the lock went with its connection
                 await self._drop_lock_conn()
+
+    async def _wait_woken(self) -> None:
+        try:
+            await asyncio.wait_for(self._woken.wait(), IDLE_POLL)
+        except asyncio.TimeoutError:
+            pass
+
+    async def _asleep_elsewhere(self) -> bool:
+        conn = self._lock_conn
+        if conn is None or conn.is_closed():
+            return False
+        try:
+            return bool(await conn.fetchval(db.queries()["sequencer_asleep_elsewhere"]))
+        except Exception:  # noqa: BLE001 - poll instead
+            return False
 
     async def _sleep_lock(self) -> asyncpg.Connection | None:
         if self._dsn is None:

@@ -184,6 +184,32 @@ async def test_a_sleeping_sequencer_is_woken_by_the_publishing_commit(dsn, conn,
     assert [d.payload for d in inbox.items] == [b"0", b"1", b"2"]
 
 
+async def test_every_node_sleeps_while_one_holds_the_lock_and_all_are_woken(dsn, conn, qname, manager_factory,
+                                                                            monkeypatch):
+    """Two nodes: one sequencer holds the sleep lock, the other sees it held and sleeps too; a
+    publishing commit wakes both, and the consumer of either node gets its message at once."""
+    monkeypatch.setattr(sequencer_module, "IDLE_POLL", 60.0)
+    a = await manager_factory([QueueConfig(name=qname)])
+    b = await manager_factory([QueueConfig(name=qname)])
+    inbox = Inbox()
+    await b.subscribe(qname, "g", "c", on_delivery=inbox, credit=10)
+
+    async def both_asleep():
+        while not (a.sequencer.sleeping and b.sequencer.sleeping) or not await conn.fetchval(
+                db.queries()["sequencer_asleep_elsewhere"]):
+            await asyncio.sleep(0.01)
+    await asyncio.wait_for(both_asleep(), 10)
+    rounds = a.sequencer.rounds + b.sequencer.rounds
+    await asyncio.sleep(0.5)                       # both asleep: not one round (a poll: 10 a node)
+    assert a.sequencer.rounds + b.sequencer.rounds == rounds
+    for i in range(3):
+        async with conn.transaction():
+            await fluxpg.publish(conn, f"$queue/{qname}/k", b"%d" % i)
+        await inbox.wait_for(i + 1, timeout=10)    # far below IDLE_POLL
+        await asyncio.wait_for(both_asleep(), 10)
+    assert [d.payload for d in inbox.items] == [b"0", b"1", b"2"]
+
+
 async def test_publishing_commits_notify_only_while_the_sleep_lock_is_held(dsn, conn, qname):
     """No broker: the test holds the sequencer's sleep lock itself. Commits NOTIFY fluxpg_outbox
     only while it is held; and it is not granted while a publishing commit is under way (here its

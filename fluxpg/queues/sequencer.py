@@ -37,7 +37,8 @@ BATCH = 5000        # messages appended per transaction
 POLL_MIN = 0.001    # seconds between polls while messages keep arriving
 POLL_MAX = 0.05     # ... and when idle without the sleep lock (another node sleeps)
 IDLE_POLL = 1.0     # asleep: look anyway after this long (a lost NOTIFY costs at most this)
-BUSY_RATIO = 0.5    # while busy, pause this many times as long as the last round took
+BUSY_RATIO = (0.5, 2.0)   # while busy, pause this many times as long as the last round took:
+BUSY_FULL = 16      # the first for rounds of one message, the second from rounds this full up
 RECENT = 5.0        # seconds a queue the sequencer moved messages into stays a handoff candidate
 
 
@@ -197,13 +198,18 @@ class Sequencer:
             # is saturated a round takes longer, the pause grows with it and each round moves more
             # messages (a round costs about the same for 1 or 100): measured on 2 loaded cores,
             # polling every 1 ms took a quarter of the publishers' throughput in one-message
-            # rounds. Half a round, not twice one (issue 15): a commit waits for the pause left
-            # plus the round it missed; at 1,000 msg/s that was 2.6 ms with ratio 2 and 1.0 ms
-            # with 0.5, while PostgreSQL CPU per transaction at 8 saturating connections read
-            # 299 and 293 µs (5 rounds each, one run).
+            # rounds. How much longer depends on how full the round was (issue 15): a commit
+            # waits for the pause left plus the round it missed — at 1,000 msg/s (~3 messages a
+            # round) 2.6 ms with a pause of twice the round, 1.0 ms with half — while at 8
+            # saturating connections half a round made rounds of 9 messages instead of 18 and
+            # doubled the sequencer's PostgreSQL CPU per message (56 → 112 µs).
             if moved:
                 self._backoff = POLL_MIN
-            delay = max(POLL_MIN, BUSY_RATIO * (loop.time() - started)) if moved else None
+                low, high = BUSY_RATIO
+                ratio = low + (high - low) * min(1.0, (moved - 1) / (BUSY_FULL - 1))
+                delay = max(POLL_MIN, ratio * (loop.time() - started))
+            else:
+                delay = None
 
     async def close(self) -> None:
         await cancel_and_wait([self._task])

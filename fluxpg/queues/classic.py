@@ -30,6 +30,12 @@ async def claim(pool: asyncpg.Pool, queue: str, group: str, consumer: str, n: in
     return [to_delivery(r, "classic") for r in await db.fetch(pool, "claim", queue, group, consumer, n, selector)]
 
 
+async def ack_claim(pool: asyncpg.Pool, queue: str, group: str, seqs: list[int], consumer: str,
+                    n: int) -> list[Delivery]:
+    """Ack `seqs` (partition 0) and claim up to n, in one transaction (fluxpg.ack_claim)."""
+    return [to_delivery(r, "classic") for r in await db.fetch(pool, "ack_claim", queue, group, seqs, consumer, n)]
+
+
 async def reclaim(pool: asyncpg.Pool, queue: str, group: str, consumer: str, n: int = 100,
                   after: int | None = None) -> list[Delivery]:
     """The consumer's own pending entries, delivered again (after a crash or reconnect), in offset

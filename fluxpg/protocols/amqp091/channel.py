@@ -44,7 +44,7 @@ from fluxpg.protocols.amqp091.framing import (ACCESS_REFUSED, COMMAND_INVALID, C
                                               NO_ROUTE, NOT_ALLOWED, NOT_FOUND, NOT_IMPLEMENTED,
                                               PRECONDITION_FAILED, RESOURCE_ERROR, RESOURCE_LOCKED,
                                               UNEXPECTED_FRAME, AMQPError, channel_error, connection_error)
-from fluxpg.protocols.amqp091.properties import delivery_properties, headers_from_properties
+from fluxpg.protocols.amqp091.properties import delivery_properties, encode_delivery, headers_from_properties
 from fluxpg.delivery import Delivery, parse_message_id
 from fluxpg.protocols.errors import reply_for
 from fluxpg.protocols.settle import Settler
@@ -1075,9 +1075,7 @@ class Channel:
     def _send_delivery(self, consumer: Consumer, d: Delivery):
         self._delivery_tag += 1
         tag = self._delivery_tag
-        props, exchange, rk = delivery_properties(d)
-        frames = (framing.deliver_frame(self.id, consumer.tag, tag, d.redelivered, exchange, rk)
-                  + framing.content_frames(self.id, props, d.payload, self.conn.frame_max))
+        frames = encode_delivery(self.id, consumer.tag, tag, d, self.conn.frame_max)
         if consumer.no_ack:
             if consumer.kind == "classic" and d.partition == 0:
                 self._ack_later(d.queue, d.group, d.seq)

@@ -1240,6 +1240,21 @@ class Channel:
 
         return seqs, done
 
+    def fast_ack(self, delivery_tag: int, multiple: bool) -> bool:
+        """basic.ack from Connection.fast_ack: what _basic_ack does, when it cannot fail (an open
+        channel not inside a content body, no transaction, a known tag); False otherwise."""
+        if self.state != "open" or self._publish is not None or self.tx is not None:
+            return False
+        if multiple:
+            taken = self._take(delivery_tag, True, None)
+        else:
+            entry = self.unacked.pop(delivery_tag, None)
+            if entry is None:
+                return False    # unknown tag: the general path raises the channel error
+            taken = [(delivery_tag, entry)]
+        self._settle_entries("ack", taken)
+        return True
+
     async def _basic_ack(self, m: Basic.Ack) -> None:
         self._settle_entries("ack", self._take(m.delivery_tag, m.multiple, m))
 

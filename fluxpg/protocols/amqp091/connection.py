@@ -191,6 +191,17 @@ class Connection:
 
     # ------------------------------------------------------------------ frames
 
+    def fast_ack(self, frame: framing.Frame) -> bool:
+        """A basic.ack (a consumer sends one per message) handled at once, without handle_frame's
+        chain of coroutines, when nothing can make it fail; False: handle_frame must take it."""
+        if self.state != "open" or frame.channel == 0:
+            return False
+        fields = framing.ack_fields(frame.payload)
+        if fields is None:
+            return False
+        channel = self.channels.get(frame.channel)
+        return channel is not None and channel.fast_ack(*fields)
+
     async def handle_frame(self, frame: framing.Frame) -> None:
         try:
             await self._handle_frame(frame)
@@ -374,9 +385,10 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ini
             elif frames or frame_started is None:
                 frame_started = loop.time()
             for frame in frames:
-                await conn.handle_frame(frame)
-                if conn.finished:
-                    break
+                if frame.type != FRAME_METHOD or not conn.fast_ack(frame):
+                    await conn.handle_frame(frame)
+                    if conn.finished:
+                        break
             if decoder.error_pending and not conn.finished:
                 # Complete frames before a broken one were handled above; now the broken one.
                 try:

@@ -235,6 +235,15 @@ def _fast_method(payload: bytes) -> base.Frame | None:
     return None
 
 
+def ack_fields(payload: bytes) -> tuple[int, bool] | None:
+    """(delivery tag, multiple) of a basic.ack payload laid out exactly as the spec says, as
+    decode_method reads it; None for anything else."""
+    if len(payload) == 13 and payload[:4] == _ACK_INDEX:
+        tag, bits = _ACK_BODY.unpack_from(payload, 4)
+        return tag, (bits & 1) != 0
+    return None
+
+
 def decode_method(payload: bytes) -> base.Frame:
     """A method frame's payload → pamqp method object. Raises FrameError."""
     fast = _fast_method(payload)

@@ -255,6 +255,9 @@ _K_GROUP, _K_MID, _K_OFFSET, _K_QUEUE, _K_TOPIC = (_tkey(k) for k in ("group-id"
                                                                       "x-source-topic"))
 
 
+_TABLE_PARTS: dict[tuple[str, str, str], tuple[bytes, bytes, bytes]] = {}
+
+
 def _s(value: str) -> bytes:
     raw = value.encode("utf-8")
     return b"S" + _U32.pack(len(raw)) + raw
@@ -292,11 +295,24 @@ def _header_payload(d: Delivery, size: int) -> tuple[bytes, str, str]:
         raise _Slow      # aliases (reply-to, correlation-id) that are not property keys
     seq = d.seq
     queue = d.queue
-    message_id = f"{queue}:{seq}"
+    offset = str(seq)
+    message_id = f"{queue}:{offset}"
     if extra is None:
-        body = (_K_GROUP + _s(d.group) + _K_MID + _s(message_id) + _K_OFFSET + _s(str(seq)) + _K_QUEUE + _s(queue)
-                + _K_TOPIC + _s(d.topic))
-        table = _U32.pack(len(body)) + body
+        # The same for every message of a queue, group and topic but the offset (message-id too).
+        key = (d.group, queue, d.topic)
+        fixed = _TABLE_PARTS.get(key)
+        if fixed is None:
+            if len(_TABLE_PARTS) >= 1024:
+                _TABLE_PARTS.clear()
+            raw_queue = queue.encode("utf-8")
+            fixed = _TABLE_PARTS[key] = (_K_GROUP + _s(d.group) + _K_MID, raw_queue,
+                                         _K_QUEUE + _s(queue) + _K_TOPIC + _s(d.topic))
+        head, raw_queue, tail = fixed
+        raw_offset = offset.encode("ascii")
+        mid_len = len(raw_queue) + 1 + len(raw_offset)
+        body_len = len(head) + len(tail) + 5 + mid_len + len(_K_OFFSET) + 5 + len(raw_offset)
+        table = b"".join((_U32.pack(body_len), head, b"S", _U32.pack(mid_len), raw_queue, b":", raw_offset,
+                          _K_OFFSET, b"S", _U32.pack(len(raw_offset)), raw_offset, tail))
     else:
         full = {k: _table_value(v) for k, v in extra.items()}
         full.update(d.properties())

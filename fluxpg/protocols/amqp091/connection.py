@@ -60,6 +60,8 @@ class Connection:
     def __init__(self, ctx: Any, transport: Any, peer: str = "?"):
         self.ctx = ctx
         self.transport = transport
+        # CoalescingWriter.buffer_size: the transport's buffer plus what is not handed over yet
+        self._buffer_size = getattr(transport, "buffer_size", None)
         self.id = next(_ids)
         self.name = f"#{self.id} {peer}"
         self.peer = peer
@@ -94,7 +96,9 @@ class Connection:
         self.last_sent = asyncio.get_running_loop().time()
 
     def write_buffer_size(self) -> int:
-        t = getattr(self.transport, "transport", None)   # counts what is not handed over yet too
+        if self._buffer_size is not None:
+            return self._buffer_size()
+        t = getattr(self.transport, "transport", None)
         return t.get_write_buffer_size() if t is not None else 0
 
     async def drain_writes(self) -> None:
@@ -357,7 +361,10 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ini
                 left = max(frame_started + frame_timeout - loop.time(), 0.0)
                 timeout = left if timeout is None else min(timeout, left)
             try:
-                data = await asyncio.wait_for(reader.read(65536), timeout)
+                # asyncio.timeout, not wait_for: no task per read (Python 3.11's wait_for wraps the
+                # read in one; a consumer's acks arrive a few per read).
+                async with asyncio.timeout(timeout):
+                    data = await reader.read(65536)
             except asyncio.TimeoutError:
                 if (frame_started is not None and frame_timeout and conn.state != "closing"
                         and loop.time() - frame_started >= frame_timeout):

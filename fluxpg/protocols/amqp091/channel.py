@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as _dt
+import functools
 import logging
 import uuid
 from collections import deque
@@ -1011,7 +1012,7 @@ class Channel:
         try:
             consumer.sub = await self.manager.subscribe(
                 queue, group, f"amqp:{self.conn.id}:{self.id}:{tag}",
-                on_delivery=lambda d, c=consumer: self._on_delivery(c, d),
+                on_delivery=functools.partial(self._on_delivery, consumer),
                 filter=topic_filter, position=position, auto_commit=auto, credit=credit,
                 on_error=lambda exc, c=consumer: self._on_consumer_error(c, exc))
         except (ValueError, TypeError) as exc:
@@ -1187,7 +1188,8 @@ class Channel:
                 c.sub.grant(1)
         if timer and self._grant_timer is None:
             self._grant_timer = asyncio.get_running_loop().call_later(GRANT_DELAY, self._grant_owed)
-        self._release_held()
+        if self._held:
+            self._release_held()
 
     def _grant_owed(self) -> None:
         self._grant_timer = None

@@ -85,6 +85,7 @@ class Connection:
         self.inbound = bounds.connection_inbound(ctx)
         self.outbound_limit = bounds.connection_outbound_limit(ctx) or 2 ** 62
         loop = asyncio.get_running_loop()
+        self._time = loop.time   # per write: no get_running_loop() (a getpid system call) each time
         self.last_sent = loop.time()
 
     # ------------------------------------------------------------------ I/O helpers
@@ -93,7 +94,7 @@ class Connection:
         if self.state == "closed" or self.transport.is_closing():
             return
         self.transport.write(data)
-        self.last_sent = asyncio.get_running_loop().time()
+        self.last_sent = self._time()
 
     def write_buffer_size(self) -> int:
         if self._buffer_size is not None:

@@ -211,3 +211,22 @@ def test_encode_delivery_takes_the_fast_path_for_plain_messages(monkeypatch):
     expected = _general_delivery(d, 9, 131072)
     monkeypatch.setattr(amqp_props, "delivery_properties", boom)
     assert amqp_props.encode_delivery(3, "ctag", 9, d, 131072) == expected
+
+
+def test_encode_delivery_remembers_headers_by_value_and_type():
+    """Equal stored headers of different types (1, True, 1.0; -0.0 and 0.0) are not confused by
+    what encode_delivery remembers per stored headers."""
+    now = dt.datetime.now(dt.timezone.utc)
+    for values in ([1, True, 1.0, "1"], [0.0, -0.0, 0, False], [2, 2.0, "2"]):
+        for key in ("x-amqp-type", "x-amqp-delivery-mode", "x-amqp-priority", "x-amqp-routing-key", "x-tenant",
+                    "x-amqp-message-id", "x-amqp-exchange"):
+            for round_ in range(2):
+                for i, value in enumerate(values):
+                    d = Delivery("q", "g", 0, 10 * i + round_, "t", b"x", {key: value}, now, 1)
+                    assert amqp_props.encode_delivery(1, "c", 5, d, 4096) == _general_delivery_on(1, "c", 5, d, 4096)
+
+
+def _general_delivery_on(channel, tag_str, tag, d, frame_max):
+    props, exchange, rk = amqp_props.delivery_properties(d)
+    return (framing.deliver_frame(channel, tag_str, tag, d.redelivered, exchange, rk)
+            + framing.content_frames(channel, props, d.payload, frame_max))

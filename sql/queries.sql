@@ -68,7 +68,7 @@ SELECT queue, grp, partition, seq, topic, payload, headers, created_at, delivery
   FROM fluxpg.claim($1, $2, $3, $4, $5::jsonpath);
 
 -- name: ack_claim
-SELECT queue, grp, partition, seq, topic, payload, headers::text, created_at, delivery_count
+SELECT queue, grp, partition, seq, topic, payload, headers, created_at, delivery_count
   FROM fluxpg.ack_claim($1, $2, $3::bigint[], $4, $5);
 
 -- name: read

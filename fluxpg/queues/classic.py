@@ -6,7 +6,6 @@ Delivery objects and database errors to FluxError.
 """
 from __future__ import annotations
 
-import json
 from datetime import timedelta
 from typing import Any
 
@@ -34,31 +33,10 @@ async def claim(pool: asyncpg.Pool, queue: str, group: str, consumer: str, n: in
 async def ack_claim(pool: asyncpg.Pool, queue: str, group: str, seqs: list[int], consumer: str,
                     n: int) -> list[Delivery]:
     """Ack `seqs` (partition 0) and claim up to n, in one transaction (fluxpg.ack_claim)."""
-    # Columns by position (queue, grp, partition, seq, topic, payload, headers as JSON text,
-    # created_at, delivery_count: the named query's order), as to_delivery reads them by name.
-    return [Delivery(r[0], r[1], r[2], r[3], r[4], bytes(r[5]), _headers(r[6]), r[7], r[8])
+    # Columns by position (queue, grp, partition, seq, topic, payload, headers, created_at,
+    # delivery_count: the named query's order), as to_delivery reads them by name.
+    return [Delivery(r[0], r[1], r[2], r[3], r[4], bytes(r[5]), r[6] or {}, r[7], r[8])
             for r in await db.fetch(pool, "ack_claim", queue, group, seqs, consumer, n)]
-
-
-_HEADERS: dict[str, dict] = {}
-
-
-def _headers(text: str | None) -> dict:
-    """Stored headers (jsonb as text) → a dict of their own, as the pool's JSON codec decodes
-    them. Messages of a queue mostly carry the same headers: a decoded object whose values are
-    all scalars is remembered (≤ 1,024 texts of ≤ 1,024 characters) and copied per message."""
-    if text is None:
-        return {}
-    hit = _HEADERS.get(text)
-    if hit is not None:
-        return dict(hit)
-    value = json.loads(text)
-    if (type(value) is dict and len(text) <= 1024
-            and not any(isinstance(v, (dict, list)) for v in value.values())):
-        if len(_HEADERS) >= 1024:
-            _HEADERS.clear()
-        _HEADERS[text] = dict(value)
-    return value or {}   # as `rec["headers"] or {}` (a JSON null is no headers)
 
 
 async def reclaim(pool: asyncpg.Pool, queue: str, group: str, consumer: str, n: int = 100,

@@ -271,6 +271,7 @@ _PLANS: dict[tuple, tuple | None] = {}
 _NO_PLAN = object()
 _DELIVER_HEAD: dict[str, bytes] = {}
 _MID_FLAG = _FLAG["message_id"]
+MESSAGE_ID_KEY = _RESERVED["message_id"]
 
 
 def _plan(stored: dict[str, Any]) -> tuple | None:
@@ -305,6 +306,7 @@ def _plan(stored: dict[str, Any]) -> tuple | None:
             return None   # timestamp, shared keys (content-type …): the general path
     if not _SHARED_LOOKUP.isdisjoint(stored):
         return None       # aliases (reply-to, correlation-id) that are not property keys
+    shortstrs.pop("message_id", None)   # _header_payload takes it out before (per message)
     flags = _FLAG["headers"]
     before = []
     if delivery_mode is not None:
@@ -314,16 +316,10 @@ def _plan(stored: dict[str, Any]) -> tuple | None:
         flags |= _FLAG["priority"]
         before.append(_U8.pack(priority))
     after = []
-    mid = None
     seen_mid = False
     for attr in _SHORTSTR_ORDER:
         if attr == "message_id":
             seen_mid = True
-            if attr in shortstrs:
-                value = shortstrs[attr]
-                mid = _fast_shortstr(value) if value else b""
-                if value:
-                    flags |= _MID_FLAG
             continue
         value = shortstrs.get(attr)
         if value is not None and value != "":
@@ -331,16 +327,21 @@ def _plan(stored: dict[str, Any]) -> tuple | None:
             (after if seen_mid else before).append(_fast_shortstr(value))
     exchange_s = _fast_shortstr(_shortstr(exchange or "") or "")
     route = None if routing_key is None else exchange_s + _fast_shortstr(_shortstr(routing_key) or "")
-    return extra, flags, b"".join(before), mid, b"".join(after), route, exchange_s
+    return extra, flags, b"".join(before), b"".join(after), route, exchange_s
 
 
 def _header_payload(d: Delivery, size: int) -> tuple[bytes, bytes]:
     """The content header payload of delivery_properties(d) (classic) and basic.deliver's
     exchange + routing key shortstrs; _Slow when the general path must do it."""
     stored = d.headers or {}
-    # Messages of a queue mostly carry the same stored headers: what they make is remembered,
-    # keyed by items and value types (1 and True, 1 and 1.0 are equal keys otherwise); floats
-    # (-0.0 == 0.0) and unhashable values are not remembered.
+    # Messages of a queue mostly carry the same stored headers but for the publisher's message
+    # id (aio-pika sets one per message): what the rest makes is remembered, keyed by items and
+    # value types (1 and True, 1 and 1.0 are equal keys otherwise); floats (-0.0 == 0.0) and
+    # unhashable values are not remembered.
+    mid_value = None
+    if MESSAGE_ID_KEY in stored:
+        stored = dict(stored)
+        mid_value = stored.pop(MESSAGE_ID_KEY)
     try:
         types = tuple(map(type, stored.values()))
         key = (tuple(stored.items()), types) if float not in types else None
@@ -355,7 +356,7 @@ def _header_payload(d: Delivery, size: int) -> tuple[bytes, bytes]:
             _PLANS[key] = plan
     if plan is None:
         raise _Slow
-    extra, flags, before, mid, after, route, exchange_s = plan
+    extra, flags, before, after, route, exchange_s = plan
     seq = d.seq
     queue = d.queue
     offset = str(seq)
@@ -379,9 +380,14 @@ def _header_payload(d: Delivery, size: int) -> tuple[bytes, bytes]:
         full = {k: _table_value(v) for k, v in extra.items()}
         full.update(d.properties())
         table = _framing._fast_table(full)
-    if mid is None:
+    if mid_value is None:   # absent or null: the broker's <queue>:<offset>
         mid = _fast_shortstr(f"{queue}:{offset}")
         flags |= _MID_FLAG
+    else:
+        text = _shortstr(mid_value)
+        mid = _fast_shortstr(text) if text else b""   # an empty one is left out
+        if text:
+            flags |= _MID_FLAG
     if route is None:
         route = exchange_s + _fast_shortstr(_shortstr(d.topic) or "")
     return (b"".join((_HEADER_PREFIX.pack(_BASIC_CLASS, size), _FLAGS.pack(flags), table, before, mid, after)),

@@ -237,6 +237,10 @@ _FRAME_HEADER = _framing.FRAME_HEADER
 _FRAME_BODY = _framing.FRAME_BODY
 _FRAME_OVERHEAD = _framing.FRAME_OVERHEAD
 _frame = _framing._frame
+_FRAME_HEAD = _framing._HEADER          # frame type, channel, payload size
+_FRAME_METHOD = _framing.FRAME_METHOD
+_END = b"\xce"
+_I64 = _framing._I64
 _fast_shortstr = _framing._fast_shortstr
 _Slow = _framing._Slow
 _FLAG = Properties.flags
@@ -406,20 +410,25 @@ def encode_delivery(channel: int, consumer_tag: str, delivery_tag: int, d: Deliv
                 if len(_DELIVER_HEAD) >= 1024:
                     _DELIVER_HEAD.clear()
                 head = _DELIVER_HEAD[consumer_tag] = _framing._DELIVER_INDEX + _fast_shortstr(consumer_tag)
-            deliver = b"".join((head, _framing._I64.pack(delivery_tag), b"\x01" if d.delivery_count > 1 else b"\x00",
-                                route))
+            tag = _I64.pack(delivery_tag)
         except (_Slow, TypeError, struct.error):
             pass
         else:
-            out = _frame(_framing.FRAME_METHOD, channel, deliver) + _frame(_FRAME_HEADER, channel, header)
+            redelivered = b"\x01" if d.delivery_count > 1 else b"\x00"
+            size = len(payload)
+            chunk = max(frame_max - _FRAME_OVERHEAD, 1) if frame_max else size
+            if 0 < size <= chunk:
+                # The usual case, written in one join: basic.deliver, content header, one body frame.
+                return b"".join((_FRAME_HEAD.pack(_FRAME_METHOD, channel, len(head) + 9 + len(route)), head, tag,
+                                 redelivered, route, _END, _FRAME_HEAD.pack(_FRAME_HEADER, channel, len(header)),
+                                 header, _END, _FRAME_HEAD.pack(_FRAME_BODY, channel, size), payload, _END))
+            out = (_frame(_FRAME_METHOD, channel, b"".join((head, tag, redelivered, route)))
+                   + _frame(_FRAME_HEADER, channel, header))
             if not payload:
                 return out
-            chunk = max(frame_max - _FRAME_OVERHEAD, 1) if frame_max else len(payload)
-            if len(payload) <= chunk:
-                return out + _frame(_FRAME_BODY, channel, payload)
             view = memoryview(payload)
             return out + b"".join([_frame(_FRAME_BODY, channel, bytes(view[i:i + chunk]))
-                                   for i in range(0, len(payload), chunk)])
+                                   for i in range(0, size, chunk)])
     props, exchange, routing_key = delivery_properties(d)
     return (_framing.deliver_frame(channel, consumer_tag, delivery_tag, d.redelivered, exchange, routing_key)
             + _framing.content_frames(channel, props, d.payload, frame_max))

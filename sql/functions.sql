@@ -2006,6 +2006,24 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION fluxpg.ack(text, text, bigint[], int) IS 'Classic: remove from the pending list (returns how many were pending). Stream: checkpoint past the highest offset';
 
+-- A classic consumer's acknowledgements and its next claim in one transaction (fluxpg.ack of
+-- `seqs`, partition 0, then fluxpg.claim): what a consumer acknowledged frees the credit its next
+-- claim uses, so the broker carries the acks of a channel that arrived since its last claim in
+-- that claim instead of a transaction of their own (issue 17: per-call cost dominated consume +
+-- ack). Lock order: the acked pending rows first, then the claim's (cursor row, member row) —
+-- the order fluxpg.delete_queue and node_heartbeat take them (pending before cursors); the
+-- claim's own pending rows are taken SKIP LOCKED. Acked entries are gone before the claim looks
+-- for due redeliveries, so an acknowledged message is never handed out again by it.
+CREATE OR REPLACE FUNCTION fluxpg.ack_claim(queue text, grp text, seqs bigint[], consumer text, n int DEFAULT 1)
+RETURNS SETOF fluxpg.delivery LANGUAGE plpgsql AS $$
+BEGIN
+  IF seqs IS NOT NULL AND cardinality(seqs) > 0 THEN
+    PERFORM fluxpg.ack(queue, grp, seqs, 0);
+  END IF;
+  RETURN QUERY SELECT * FROM fluxpg.claim(queue, grp, consumer, n);
+END $$;
+COMMENT ON FUNCTION fluxpg.ack_claim(text, text, bigint[], text, int) IS 'Classic queues: ack (partition 0) then claim, in one transaction (used by the broker to carry a consumer''s acks in its next claim)';
+
 CREATE OR REPLACE FUNCTION fluxpg.nack(queue text, grp text, seqs bigint[], part int DEFAULT 0)
 RETURNS int LANGUAGE plpgsql AS $$
 DECLARE

@@ -67,6 +67,10 @@ SELECT EXISTS (SELECT 1 FROM pg_locks
 SELECT queue, grp, partition, seq, topic, payload, headers, created_at, delivery_count
   FROM fluxpg.claim($1, $2, $3, $4, $5::jsonpath);
 
+-- name: ack_claim
+SELECT queue, grp, partition, seq, topic, payload, headers, created_at, delivery_count
+  FROM fluxpg.ack_claim($1, $2, $3::bigint[], $4, $5);
+
 -- name: read
 SELECT queue, grp, partition, seq, topic, payload, headers, created_at, delivery_count
   FROM fluxpg.read($1, $2, $3, $4);

@@ -1,6 +1,6 @@
 """CPU per message, fluxpg (broker + its PostgreSQL backends) against a peer, one command per protocol:
 
-    python -m benchmarks.cpu amqp091 [--rounds 3] [--messages 3000]     # vs RabbitMQ (beam.smp)
+    python -m benchmarks.cpu amqp091 [--rounds 3] [--messages 3000] [--rows consume+ack]   # vs RabbitMQ
     python -m benchmarks.cpu mqtt    [--rounds 3] [--messages 3000] [--rows queue]   # vs Mosquitto
     python -m benchmarks.cpu sql     [--rounds 3] [--pgmq-sql pgmq.sql] # vs pgmq (PostgreSQL CPU only)
 
@@ -148,7 +148,9 @@ def main() -> None:
                     "<commit>`), interleaved in the same rounds: before/after on one machine state")
     ap.add_argument("--rows", type=lambda v: tuple(x.strip() for x in v.split(",") if x.strip()),
                     help="mqtt: run only these fluxpg rows, comma-separated (queue, pubsub); the peer's "
-                    "pub/sub always runs (it is the comparison of both)")
+                    "pub/sub always runs (it is the comparison of both). amqp091: only these rows on every side "
+                    "(publish+confirm, consume+ack, end-to-end, pika-confirm-each; consume+ack publishes its "
+                    "backlog first either way)")
     ap.add_argument("--json", help="also write the summary rows to this file")
     args = ap.parse_args()
     if args.messages is None:

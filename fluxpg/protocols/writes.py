@@ -47,6 +47,10 @@ class CoalescingWriter:
     def pending_bytes(self) -> int:
         return self._pending_bytes
 
+    def buffer_size(self) -> int:
+        """transport.get_write_buffer_size() in one call (checked per delivery)."""
+        return self._writer.transport.get_write_buffer_size() + self._pending_bytes
+
     async def drain(self) -> None:
         self.flush()
         await self._writer.drain()

@@ -30,6 +30,15 @@ async def claim(pool: asyncpg.Pool, queue: str, group: str, consumer: str, n: in
     return [to_delivery(r, "classic") for r in await db.fetch(pool, "claim", queue, group, consumer, n, selector)]
 
 
+async def ack_claim(pool: asyncpg.Pool, queue: str, group: str, seqs: list[int], consumer: str,
+                    n: int) -> list[Delivery]:
+    """Ack `seqs` (partition 0) and claim up to n, in one transaction (fluxpg.ack_claim)."""
+    # Columns by position (queue, grp, partition, seq, topic, payload, headers, created_at,
+    # delivery_count: the named query's order), as to_delivery reads them by name.
+    return [Delivery(r[0], r[1], r[2], r[3], r[4], bytes(r[5]), r[6] or {}, r[7], r[8])
+            for r in await db.fetch(pool, "ack_claim", queue, group, seqs, consumer, n)]
+
+
 async def reclaim(pool: asyncpg.Pool, queue: str, group: str, consumer: str, n: int = 100,
                   after: int | None = None) -> list[Delivery]:
     """The consumer's own pending entries, delivered again (after a crash or reconnect), in offset

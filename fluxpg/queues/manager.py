@@ -157,6 +157,11 @@ class Subscription:
         self._handoff: asyncio.Future | None = None
         self._slot: ClaimSlot | None = None     # classic: shared with this node's consumers of the group
         self._must_claim = True                 # claim even if the slot says the group is drained
+        # Classic, no selector: called before each claim; may return (offsets to ack, done) — the
+        # front-end's acknowledgements of this queue and group not yet written, carried in the
+        # claim's transaction (fluxpg.ack_claim). done(None) after it committed, done(exc) when
+        # it failed (nothing was acked: the front-end writes them again on its own).
+        self.carry_acks: Callable[[], tuple[list[int], Callable[[BaseException | None], None]] | None] | None = None
 
     # --- flow control -------------------------------------------------------------------------
 
@@ -197,7 +202,17 @@ class Subscription:
     async def _fetch(self, n: int) -> list[Delivery]:
         pool = self.manager.pool
         if self.kind == "classic":
-            return await classic.claim(pool, self.queue, self.group, self.consumer, n, self.selector)
+            carried = self.carry_acks() if self.carry_acks is not None and self.selector is None else None
+            if carried is None:
+                return await classic.claim(pool, self.queue, self.group, self.consumer, n, self.selector)
+            seqs, done = carried
+            try:
+                deliveries = await classic.ack_claim(pool, self.queue, self.group, seqs, self.consumer, n)
+            except BaseException as exc:
+                done(exc)
+                raise
+            done(None)
+            return deliveries
         return await stream.read(pool, self.queue, self.group, self.consumer, n)
 
     async def _deliver(self, deliveries: list[Delivery]) -> None:

@@ -159,3 +159,74 @@ def test_content_header_decodes_like_pamqp(props, size, data):
         i = data.draw(st.integers(12, len(payload) - 1))
         changed = payload[:i] + bytes([data.draw(st.integers(0, 255))]) + payload[i + 1:]
         assert _header_state(changed, True) == _header_state(changed, False)
+
+
+# --- properties.encode_delivery: a delivery's frames without building Properties ---------------
+
+from fluxpg.delivery import Delivery  # noqa: E402
+from fluxpg.protocols.amqp091 import properties as amqp_props  # noqa: E402
+
+json_scalars = st.one_of(st.none(), st.booleans(), st.text(max_size=30),
+                         st.text(min_size=250, max_size=300, alphabet="xé"),
+                         st.integers(), st.sampled_from([0, 1, 2, 3, 255, 256, -1, 2 ** 63, -2 ** 63 - 1]),
+                         st.floats(allow_nan=False, allow_infinity=False))
+json_values = st.recursive(json_scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                                 st.dictionaries(st.text(max_size=10), inner, max_size=3)),
+                           max_leaves=8)
+property_keys = st.sampled_from(sorted(amqp_props._PROPERTY_KEYS | {"reply-to", "correlation-id", "message-id",
+                                                                     "offset", "queue", "group-id", "x-source-topic"}))
+stored_headers = st.dictionaries(st.one_of(property_keys, st.text(max_size=12), keys), json_values, max_size=8)
+
+
+def _general_delivery(d: Delivery, tag: int, frame_max: int) -> bytes | type:
+    try:
+        props, exchange, rk = amqp_props.delivery_properties(d)
+        return (framing.deliver_frame(3, "ctag", tag, d.redelivered, exchange, rk)
+                + framing.content_frames(3, props, d.payload, frame_max))
+    except Exception as exc:  # noqa: BLE001 - both paths must fail alike
+        return type(exc)
+
+
+@settings(max_examples=600, deadline=None)
+@given(stored_headers, st.sampled_from(["classic", "stream"]), st.text(max_size=20), st.text(max_size=20),
+       st.integers(0, 2 ** 62), st.text(max_size=40), st.binary(max_size=300), st.integers(1, 5),
+       st.integers(1, 2 ** 40), st.sampled_from([0, 4096, 131072, 9, 100]))
+def test_encode_delivery_equals_the_general_path(stored, kind, queue, group, seq, topic, payload, count, tag,
+                                                 frame_max):
+    d = Delivery(queue, group, 0, seq, topic, payload, stored, dt.datetime(2026, 1, 2, tzinfo=dt.timezone.utc),
+                 count, kind=kind)
+    try:
+        fast = amqp_props.encode_delivery(3, "ctag", tag, d, frame_max)
+    except Exception as exc:  # noqa: BLE001
+        fast = type(exc)
+    assert fast == _general_delivery(d, tag, frame_max)
+
+
+def test_encode_delivery_takes_the_fast_path_for_plain_messages(monkeypatch):
+    """An aio-pika message (delivery mode, routing key, a header) never reaches the general path."""
+    def boom(*_a, **_k):
+        raise AssertionError("general path used")
+    stored = {"x-amqp-delivery-mode": 2, "x-amqp-routing-key": "jobs", "x-tenant": "acme", "x-amqp-message-id": "m1"}
+    d = Delivery("jobs", "jobs", 0, 41, "$queue/jobs", b"x" * 256, stored, dt.datetime.now(dt.timezone.utc), 2)
+    expected = _general_delivery(d, 9, 131072)
+    monkeypatch.setattr(amqp_props, "delivery_properties", boom)
+    assert amqp_props.encode_delivery(3, "ctag", 9, d, 131072) == expected
+
+
+def test_encode_delivery_remembers_headers_by_value_and_type():
+    """Equal stored headers of different types (1, True, 1.0; -0.0 and 0.0) are not confused by
+    what encode_delivery remembers per stored headers."""
+    now = dt.datetime.now(dt.timezone.utc)
+    for values in ([1, True, 1.0, "1"], [0.0, -0.0, 0, False], [2, 2.0, "2"]):
+        for key in ("x-amqp-type", "x-amqp-delivery-mode", "x-amqp-priority", "x-amqp-routing-key", "x-tenant",
+                    "x-amqp-message-id", "x-amqp-exchange"):
+            for round_ in range(2):
+                for i, value in enumerate(values):
+                    d = Delivery("q", "g", 0, 10 * i + round_, "t", b"x", {key: value}, now, 1)
+                    assert amqp_props.encode_delivery(1, "c", 5, d, 4096) == _general_delivery_on(1, "c", 5, d, 4096)
+
+
+def _general_delivery_on(channel, tag_str, tag, d, frame_max):
+    props, exchange, rk = amqp_props.delivery_properties(d)
+    return (framing.deliver_frame(channel, tag_str, tag, d.redelivered, exchange, rk)
+            + framing.content_frames(channel, props, d.payload, frame_max))

@@ -10,6 +10,11 @@ waits for their -ok anyway) or in an ordered background pipeline:
   `basic.ack` (coalesced with `multiple`) or `basic.nack` — only after `manager.publish` returned,
   i.e. after the append committed. A failed append is a nack, never an ack.
 * acknowledgements (basic.ack/nack/reject): queued and written in batches by one settle task.
+  Acks of a classic consumer's deliveries wait a moment instead (ACK_DELAY at most): the
+  consumer's next claim carries them in its transaction (fluxpg.ack_claim), so a window of
+  deliveries costs one database call rather than a claim plus an ack batch; whatever no claim
+  took by then goes to the settle task. The credit acks free is handed to the consumer in
+  batches of half its prefetch window (GRANT_DELAY at most): fewer, larger claims.
 
 Before any other synchronous method, and before channel.close-ok, the channel waits for both
 pipelines to drain, so a client sees its own publishes and acks in effect (e.g. basic.get after
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as _dt
+import functools
 import logging
 import uuid
 from collections import deque
@@ -39,7 +45,7 @@ from fluxpg.protocols.amqp091.framing import (ACCESS_REFUSED, COMMAND_INVALID, C
                                               NO_ROUTE, NOT_ALLOWED, NOT_FOUND, NOT_IMPLEMENTED,
                                               PRECONDITION_FAILED, RESOURCE_ERROR, RESOURCE_LOCKED,
                                               UNEXPECTED_FRAME, AMQPError, channel_error, connection_error)
-from fluxpg.protocols.amqp091.properties import delivery_properties, headers_from_properties
+from fluxpg.protocols.amqp091.properties import delivery_properties, encode_delivery, headers_from_properties
 from fluxpg.delivery import Delivery, parse_message_id
 from fluxpg.protocols.errors import reply_for
 from fluxpg.protocols.settle import Settler
@@ -55,6 +61,9 @@ log = logging.getLogger("fluxpg.amqp091")
 
 Basic, Queue, Exch, Chan, Confirm = commands.Basic, commands.Queue, commands.Exchange, commands.Channel, commands.Confirm
 
+# Consume + ack (issue 17): per database call cost dominated, so acks and credit are gathered.
+ACK_DELAY = 0.025    # seconds an ack waits for a claim to carry it before it is written alone
+GRANT_DELAY = 0.02   # seconds freed credit is held back while less than half the window is free
 MAX_PIPELINE = 2000          # publishes in flight per channel before the reader waits (TCP back-pressure)
 SERVER_MAX_BODY = 512 * 2 ** 20   # hard cap when every queue allows unlimited sizes
 DEFAULT_MAX_MESSAGE_SIZE = LimitsConfig().max_message_size
@@ -83,6 +92,8 @@ class Consumer:
     kind: str
     no_ack: bool
     sub: Any = None          # fluxpg Subscription
+    gather: int = 0          # credit handed over in batches of at least this (0/1: at once)
+    owed: int = 0            # credit freed by acks, not yet handed to the subscription
 
 
 @dataclass(slots=True)
@@ -132,6 +143,16 @@ class Channel:
         self._held: deque[tuple[Consumer, Delivery]] = deque()
         # acknowledgements
         self.settler = Settler(conn.ctx.manager, f"amqp091 {conn.name} channel {channel_id}")
+        # Classic acks not yet written, by (queue, group), in arrival order: the next claim of a
+        # consumer of that queue and group carries them (_carry), else ACK_DELAY sends them to
+        # the settler (_write_acks). Every path that waits for acks to be written (drain,
+        # release) writes these first and waits for the claims carrying some (_carried).
+        self._acks: dict[tuple[str, str], list[int]] = {}
+        self._acks_timer: asyncio.TimerHandle | None = None
+        self._carried = 0
+        self._carried_idle = asyncio.Event()
+        self._carried_idle.set()
+        self._grant_timer: asyncio.TimerHandle | None = None
         self._release_task: asyncio.Task | None = None
         # transactions (tx.select): publishes and settlements wait in a queues Transaction
         # until tx.commit applies them in one PostgreSQL transaction
@@ -226,7 +247,10 @@ class Channel:
                     await c.sub.close()
                 except Exception:  # noqa: BLE001
                     log.exception("closing consumer %s failed", c.tag)
-        await self.settler.flush()
+        if self._grant_timer is not None:
+            self._grant_timer.cancel()
+            self._grant_timer = None
+        await self._acks_written()
         if self.tx is not None:
             self._tx_undo()   # an open transaction is rolled back: its acks never happened
         if self.unacked:
@@ -253,6 +277,14 @@ class Channel:
         """Wait until every publish of this channel is confirmed (or failed) and every
         acknowledgement written."""
         await self._pipeline_idle.wait()
+        await self._acks_written()
+
+    async def _acks_written(self) -> None:
+        """Until every acknowledgement so far is written: those waiting for a claim go to the
+        settler now; claims carrying some end (a failed one hands its acks to the settler)."""
+        self._write_acks()
+        await self._carried_idle.wait()
+        self._write_acks()
         await self.settler.flush()
 
     def _spawn(self, coro) -> asyncio.Task:
@@ -972,13 +1004,15 @@ class Channel:
             credit = self.global_prefetch
         else:
             credit = None
+        if credit is not None and not self.global_prefetch:
+            consumer.gather = credit // 2
         self.consumers[tag] = consumer
         if m.exclusive:
             self.manager.exclusive_consumers[queue] = consumer   # held before the await: no race
         try:
             consumer.sub = await self.manager.subscribe(
                 queue, group, f"amqp:{self.conn.id}:{self.id}:{tag}",
-                on_delivery=lambda d, c=consumer: self._on_delivery(c, d),
+                on_delivery=functools.partial(self._on_delivery, consumer),
                 filter=topic_filter, position=position, auto_commit=auto, credit=credit,
                 on_error=lambda exc, c=consumer: self._on_consumer_error(c, exc))
         except (ValueError, TypeError) as exc:
@@ -990,6 +1024,8 @@ class Channel:
             self._drop_exclusive(consumer)
             raise _error_from_flux(exc, m) from None
         consumer.kind = consumer.sub.kind
+        if consumer.kind == "classic":
+            consumer.sub.carry_acks = lambda q=consumer.sub.queue, g=consumer.sub.group: self._carry(q, g)
         if not m.nowait:
             self.conn.write(framing.method_frame(self.id, Basic.ConsumeOk(tag)))
 
@@ -1040,11 +1076,12 @@ class Channel:
     def _send_delivery(self, consumer: Consumer, d: Delivery):
         self._delivery_tag += 1
         tag = self._delivery_tag
-        props, exchange, rk = delivery_properties(d)
-        frames = (framing.deliver_frame(self.id, consumer.tag, tag, d.redelivered, exchange, rk)
-                  + framing.content_frames(self.id, props, d.payload, self.conn.frame_max))
+        frames = encode_delivery(self.id, consumer.tag, tag, d, self.conn.frame_max)
         if consumer.no_ack:
-            self.settler.settle("ack", d.queue, d.group, d.seq, d.partition)
+            if consumer.kind == "classic" and d.partition == 0:
+                self._ack_later(d.queue, d.group, d.seq)
+            else:
+                self.settler.settle("ack", d.queue, d.group, d.seq, d.partition)
         else:
             self.unacked[tag] = Unacked(d.queue, d.group, d.partition, d.seq, consumer)
         self.conn.write(frames)
@@ -1117,15 +1154,121 @@ class Channel:
                 self._tx_acked.append((tag, e))
             return
         reason = "rejected by AMQP client" if verb == "reject" else None
+        if verb == "ack":
+            for _tag, e in taken:
+                c = e.consumer
+                if c is not None and c.kind == "classic" and e.partition == 0 and c.sub is not None:
+                    self._ack_later(e.queue, e.group, e.seq)
+                else:
+                    self.settler.settle(verb, e.queue, e.group, e.seq, e.partition, reason)
+            self._grant([e for _tag, e in taken], gather=True)
+            return
         for _tag, e in taken:
             self.settler.settle(verb, e.queue, e.group, e.seq, e.partition, reason)
         self._grant([e for _tag, e in taken])
 
-    def _grant(self, entries: list[Unacked]) -> None:
+    def _grant(self, entries: list[Unacked], gather: bool = False) -> None:
+        """Give the consumers the credit settling `entries` freed. After acks (`gather`) a
+        consumer's credit is handed over once half its window is free (or GRANT_DELAY later):
+        the claim it then makes is larger, and carries the acks (one call instead of several).
+        The client holds more than half the window meanwhile, so it is not kept waiting."""
+        timer = False
         for e in entries:
-            if e.consumer is not None and e.consumer.sub is not None:
-                e.consumer.sub.grant(1)
-        self._release_held()
+            c = e.consumer
+            if c is None or c.sub is None:
+                continue
+            if gather and c.gather > 1:
+                c.owed += 1
+                if c.owed >= c.gather:
+                    c.sub.grant(c.owed)
+                    c.owed = 0
+                else:
+                    timer = True
+            else:
+                c.sub.grant(1)
+        if timer and self._grant_timer is None:
+            self._grant_timer = asyncio.get_running_loop().call_later(GRANT_DELAY, self._grant_owed)
+        if self._held:
+            self._release_held()
+
+    def _grant_owed(self) -> None:
+        self._grant_timer = None
+        for c in self.consumers.values():
+            if c.owed and c.sub is not None:
+                c.sub.grant(c.owed)
+                c.owed = 0
+
+    # Acks of classic deliveries, carried by the next claim (see _acks in __init__).
+
+    def _ack_later(self, queue: str, group: str, seq: int) -> None:
+        seqs = self._acks.get((queue, group))
+        if seqs is None:
+            self._acks[(queue, group)] = [seq]
+            if self._acks_timer is None:
+                self._acks_timer = asyncio.get_running_loop().call_later(ACK_DELAY, self._write_acks)
+        else:
+            seqs.append(seq)
+
+    def _write_acks(self) -> None:
+        """Acks no claim carried go to the settler (ACK_DELAY passed, or someone waits for them)."""
+        if self._acks_timer is not None:
+            self._acks_timer.cancel()
+            self._acks_timer = None
+        acks, self._acks = self._acks, {}
+        for (queue, group), seqs in acks.items():
+            for seq in seqs:
+                self.settler.settle("ack", queue, group, seq, 0)
+
+    def _carry(self, queue: str, group: str):
+        """Subscription.carry_acks of this channel's classic consumers: the acks of (queue,
+        group) waiting to be written, and the callback the claim carrying them calls."""
+        seqs = self._acks.pop((queue, group), None)
+        if not seqs:
+            return None
+        if not self._acks and self._acks_timer is not None:
+            self._acks_timer.cancel()
+            self._acks_timer = None
+        self._carried += 1
+        self._carried_idle.clear()
+
+        def done(exc: BaseException | None) -> None:
+            if exc is not None:
+                # Not committed (or not known to be): written on their own, as if never carried.
+                for seq in seqs:
+                    self.settler.settle("ack", queue, group, seq, 0)
+            self._carried -= 1
+            if not self._carried:
+                self._carried_idle.set()
+
+        return seqs, done
+
+    def fast_ack(self, delivery_tag: int, multiple: bool) -> bool:
+        """basic.ack from Connection.fast_ack: what _basic_ack does, when it cannot fail (an open
+        channel not inside a content body, no transaction, a known tag); False otherwise."""
+        if self.state != "open" or self._publish is not None or self.tx is not None:
+            return False
+        if multiple:
+            self._settle_entries("ack", self._take(delivery_tag, True, None))
+            return True
+        entry = self.unacked.pop(delivery_tag, None)
+        if entry is None:
+            return False    # unknown tag: the general path raises the channel error
+        c = entry.consumer
+        if c is None or c.kind != "classic" or entry.partition != 0 or c.sub is None or c.gather <= 1:
+            self._settle_entries("ack", [(delivery_tag, entry)])
+            return True
+        # One ack of a classic consumer's delivery (one per message): _settle_entries' ack branch
+        # and _grant for one entry, written out.
+        self._ack_later(entry.queue, entry.group, entry.seq)
+        c.owed += 1
+        if c.owed >= c.gather:
+            c.sub.grant(c.owed)
+            c.owed = 0
+        elif self._grant_timer is None:
+            self._grant_timer = asyncio.get_running_loop().call_later(GRANT_DELAY, self._grant_owed)
+        if self._held:
+            self._release_held()
+        return True
 
     async def _basic_ack(self, m: Basic.Ack) -> None:
         self._settle_entries("ack", self._take(m.delivery_tag, m.multiple, m))

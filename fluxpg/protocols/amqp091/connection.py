@@ -60,6 +60,8 @@ class Connection:
     def __init__(self, ctx: Any, transport: Any, peer: str = "?"):
         self.ctx = ctx
         self.transport = transport
+        # CoalescingWriter.buffer_size: the transport's buffer plus what is not handed over yet
+        self._buffer_size = getattr(transport, "buffer_size", None)
         self.id = next(_ids)
         self.name = f"#{self.id} {peer}"
         self.peer = peer
@@ -83,6 +85,7 @@ class Connection:
         self.inbound = bounds.connection_inbound(ctx)
         self.outbound_limit = bounds.connection_outbound_limit(ctx) or 2 ** 62
         loop = asyncio.get_running_loop()
+        self._time = loop.time   # per write: no get_running_loop() (a getpid system call) each time
         self.last_sent = loop.time()
 
     # ------------------------------------------------------------------ I/O helpers
@@ -91,10 +94,12 @@ class Connection:
         if self.state == "closed" or self.transport.is_closing():
             return
         self.transport.write(data)
-        self.last_sent = asyncio.get_running_loop().time()
+        self.last_sent = self._time()
 
     def write_buffer_size(self) -> int:
-        t = getattr(self.transport, "transport", None)   # counts what is not handed over yet too
+        if self._buffer_size is not None:
+            return self._buffer_size()
+        t = getattr(self.transport, "transport", None)
         return t.get_write_buffer_size() if t is not None else 0
 
     async def drain_writes(self) -> None:
@@ -190,6 +195,17 @@ class Connection:
         self.write(framing.method_frame(0, Conn.UpdateSecretOk()))
 
     # ------------------------------------------------------------------ frames
+
+    def fast_ack(self, frame: framing.Frame) -> bool:
+        """A basic.ack (a consumer sends one per message) handled at once, without handle_frame's
+        chain of coroutines, when nothing can make it fail; False: handle_frame must take it."""
+        if self.state != "open" or frame.channel == 0:
+            return False
+        fields = framing.ack_fields(frame.payload)
+        if fields is None:
+            return False
+        channel = self.channels.get(frame.channel)
+        return channel is not None and channel.fast_ack(*fields)
 
     async def handle_frame(self, frame: framing.Frame) -> None:
         try:
@@ -346,7 +362,10 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ini
                 left = max(frame_started + frame_timeout - loop.time(), 0.0)
                 timeout = left if timeout is None else min(timeout, left)
             try:
-                data = await asyncio.wait_for(reader.read(65536), timeout)
+                # asyncio.timeout, not wait_for: no task per read (Python 3.11's wait_for wraps the
+                # read in one; a consumer's acks arrive a few per read).
+                async with asyncio.timeout(timeout):
+                    data = await reader.read(65536)
             except asyncio.TimeoutError:
                 if (frame_started is not None and frame_timeout and conn.state != "closing"
                         and loop.time() - frame_started >= frame_timeout):
@@ -374,9 +393,10 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ini
             elif frames or frame_started is None:
                 frame_started = loop.time()
             for frame in frames:
-                await conn.handle_frame(frame)
-                if conn.finished:
-                    break
+                if frame.type != FRAME_METHOD or not conn.fast_ack(frame):
+                    await conn.handle_frame(frame)
+                    if conn.finished:
+                        break
             if decoder.error_pending and not conn.finished:
                 # Complete frames before a broken one were handled above; now the broken one.
                 try:

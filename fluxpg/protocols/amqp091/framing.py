@@ -167,7 +167,10 @@ class FrameDecoder:
                 error = FrameError(f"frame-end byte is 0x{end:02x}, not 0xCE")
                 break
             payload = bytes(buf[pos + FRAME_HEADER_SIZE:pos + total - 1])
-            if self.limits is not None and ftype in (FRAME_METHOD, FRAME_HEADER):
+            # A basic.ack of the exact size (one per consumed message) holds no table: the scan
+            # would only walk its fixed fields.
+            if (self.limits is not None and ftype in (FRAME_METHOD, FRAME_HEADER)
+                    and not (size == 13 and ftype == FRAME_METHOD and payload[:4] == _ACK_INDEX)):
                 try:
                     prescan.amqp091_frame(ftype, payload, self.limits)
                 except prescan.DecodeLimitError as exc:
@@ -232,6 +235,15 @@ def _fast_method(payload: bytes) -> base.Frame | None:
             return m
     except (IndexError, UnicodeDecodeError, struct.error):
         return None
+    return None
+
+
+def ack_fields(payload: bytes) -> tuple[int, bool] | None:
+    """(delivery tag, multiple) of a basic.ack payload laid out exactly as the spec says, as
+    decode_method reads it; None for anything else."""
+    if len(payload) == 13 and payload[:4] == _ACK_INDEX:
+        tag, bits = _ACK_BODY.unpack_from(payload, 4)
+        return tag, (bits & 1) != 0
     return None
 
 

@@ -2262,8 +2262,12 @@ BEGIN
     RETURN fluxpg.seek(queue, grp, reset_group."position");
   END IF;
   g := fluxpg._group(q, grp);
-  PERFORM 1 FROM fluxpg.cursors WHERE group_id = g.id AND partition = 0 FOR UPDATE;
   target := fluxpg._position(q, 0, reset_group."position");
+  -- The entries it drops before the cursor row: the order of fluxpg.ack_claim (acked pending rows,
+  -- then the cursor), which would otherwise deadlock with this. A claim meanwhile only adds
+  -- entries past the cursor (the DELETE below sees them) and takes due ones SKIP LOCKED.
+  PERFORM 1 FROM fluxpg.pending WHERE group_id = g.id AND partition = 0 AND seq >= target FOR UPDATE;
+  PERFORM 1 FROM fluxpg.cursors WHERE group_id = g.id AND partition = 0 FOR UPDATE;
   DELETE FROM fluxpg.pending WHERE group_id = g.id AND partition = 0 AND seq >= target;
   UPDATE fluxpg.cursors SET cursor = target WHERE group_id = g.id AND partition = 0;
   RETURN target;

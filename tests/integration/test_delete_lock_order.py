@@ -179,3 +179,32 @@ async def test_deleting_queues_under_busy_consumers(dsn, qname):
         stop.set()
         for c in conns + [setup]:
             await c.close()
+
+
+async def test_reset_group_and_a_claim_carrying_acks_do_not_deadlock(dsn, conn, qname):
+    """fluxpg.ack_claim deletes the acked pending rows, then locks the cursor row (its claim);
+    fluxpg.reset_group takes the entries it drops before the cursor row, the same order. Staged:
+    the ack half holds a pending row, reset_group waits for it, then the claim half runs. With
+    the cursor first, reset_group would hold it while waiting, and the claim would deadlock."""
+    await declare(conn, qname)
+    await publish_many(conn, qname, 5)
+    assert [r["seq"] for r in await conn.fetch("SELECT seq FROM fluxpg.claim($1, 'g', 'c', 5)", qname)] == \
+        list(range(5))
+    consumer = await db.connect(dsn)
+    resetter = await db.connect(dsn)
+    try:
+        tx = consumer.transaction()
+        await tx.start()
+        assert await consumer.fetchval("SELECT fluxpg.ack($1, 'g', $2)", qname, [3]) == 1   # the ack half
+        reset = asyncio.ensure_future(resetter.fetchval("SELECT fluxpg.reset_group($1, 'g', 'offset=2')", qname))
+        await _waiting_on_lock(conn, resetter.get_server_pid())
+        rows = await asyncio.wait_for(consumer.fetch("SELECT seq FROM fluxpg.claim($1, 'g', 'c', 5)", qname), 20)
+        assert rows == []                                                   # the claim half: nothing new
+        await tx.commit()
+        assert await asyncio.wait_for(reset, 20) == 2
+        # Offsets 2 and 4 were pending (3 acked): dropped, delivered again from the cursor.
+        assert [r["seq"] for r in await conn.fetch("SELECT seq FROM fluxpg.claim($1, 'g', 'c', 5)", qname)] == \
+            [2, 3, 4]
+    finally:
+        await consumer.close()
+        await resetter.close()

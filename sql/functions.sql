@@ -1964,22 +1964,34 @@ BEGIN
     part := parts[(start + i) % cardinality(parts) + 1];
     w := fluxpg._window(q, g, part, n - got, every);
     CONTINUE WHEN w.take = 0;
+    -- As in claim: every row of the window in offset order until the take-th deliverable one,
+    -- and the cursor never passes an offset the scan did not read (_past_gap).
     RETURN QUERY
     WITH el AS (
-      SELECT l.seq, l.topic, l.payload, l.headers, l.created_at
-        FROM fluxpg.log l
-       WHERE l.queue_id = q.id AND l.partition = part AND l.seq >= w.cur AND l.seq < w.window_end
-         AND (l.expires_at IS NULL OR l.expires_at > now())
-         AND (g.filter_regex IS NULL OR fluxpg.routing_key(l.topic) ~ g.filter_regex)
-       ORDER BY l.seq
-       LIMIT w.take
+      SELECT x.seq, x.topic, x.payload, x.headers, x.created_at, x.ok, x.nok, x.rn
+        FROM (SELECT r.*, count(*) FILTER (WHERE r.ok) OVER o AS nok, row_number() OVER o AS rn
+                FROM (SELECT l.seq, l.topic, l.payload, l.headers, l.created_at,
+                             (l.expires_at IS NULL OR l.expires_at > now())
+                             AND (g.filter_regex IS NULL OR fluxpg.routing_key(l.topic) ~ g.filter_regex) AS ok
+                        FROM fluxpg.log l
+                       WHERE l.queue_id = q.id AND l.partition = part AND l.seq >= w.cur AND l.seq < w.window_end
+                       ORDER BY l.seq OFFSET 0) r
+              WINDOW o AS (ORDER BY r.seq ROWS UNBOUNDED PRECEDING)) x
+       WHERE x.nok <= w.take
+    ), seen AS (
+      SELECT CASE WHEN count(*) FILTER (WHERE el.ok) >= w.take THEN max(el.seq) + 1 ELSE w.window_end END AS upto,
+             coalesce(min(w.cur + el.rn - 1) FILTER (WHERE el.seq <> w.cur + el.rn - 1), w.cur + count(*)) AS upto_read
+        FROM el
+    ), stop AS (
+      SELECT CASE WHEN seen.upto_read >= seen.upto THEN seen.upto
+                  ELSE fluxpg._past_gap(q.id, part, seen.upto_read, seen.upto) END AS c
+        FROM seen
     ), mv AS (
-      UPDATE fluxpg.cursors c
-         SET cursor = CASE WHEN (SELECT count(*) FROM el) = w.take THEN (SELECT max(el.seq) + 1 FROM el) ELSE w.window_end END
+      UPDATE fluxpg.cursors c SET cursor = (SELECT stop.c FROM stop)
        WHERE c.group_id = g.id AND c.partition = part
     )
     SELECT q.name, g.name, part, el.seq, el.topic, el.payload, el.headers, el.created_at, 1, q.name || ':' || el.seq
-      FROM el ORDER BY el.seq;
+      FROM el WHERE el.ok AND el.seq < (SELECT stop.c FROM stop) ORDER BY el.seq;
     GET DIAGNOSTICS k = ROW_COUNT;
     got := got + k;
   END LOOP;

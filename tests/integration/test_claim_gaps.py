@@ -85,3 +85,26 @@ async def test_expired_and_other_topic_rows_are_passed_over_not_taken_for_gaps(c
     assert [r[0] for r in rows] == [3]
     # (the expired rows after it were read too, looking for a second deliverable one)
     assert await conn.fetchval("SELECT cursor FROM fluxpg.group_status WHERE queue = $1 AND grp = 'g2'", qname) == 6
+
+
+async def test_a_stream_read_does_not_pass_a_segment_attached_after_its_plan(dsn, qname):
+    """The same for fluxpg.read: it stops where its scan stopped seeing rows, and the next read
+    (its plans made afresh) goes on from there."""
+    publisher = await db.connect(dsn)
+    consumer = await db.connect(dsn)
+    try:
+        qid = await declare(publisher, qname, kind="stream", settings={"segment_size": 10})
+        await append(publisher, qid, qname, 3)
+        got = []
+        sql = "SELECT seq FROM fluxpg.read($1, 'g', 'c', $2)"
+        async with consumer.transaction():
+            got += [r[0] for r in await consumer.fetch(sql, qname, 2)]
+            await append(publisher, qid, qname, 12)
+            assert await segments(publisher, qid) == [0, 10, 20]
+            got += [r[0] for r in await consumer.fetch(sql, qname, 100)]
+            got += [r[0] for r in await consumer.fetch(sql, qname, 100)]
+        got += [r[0] for r in await consumer.fetch(sql, qname, 100)]
+        assert got == list(range(15))
+    finally:
+        await consumer.close()
+        await publisher.close()

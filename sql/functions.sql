@@ -1609,15 +1609,16 @@ BEGIN
    ORDER BY l.seq;
 END $$;
 
--- Custom plans (the default). Generic plans (SET plan_cache_mode = force_generic_plan) cost a
--- one-message claim 400 instead of 700 µs of backend CPU (issue 17), but the full suite lost 37 of
--- 3,000 messages once with them (tests/integration/test_concurrency.py, a loaded machine; not
--- reproduced in 18 runs since) and was never seen to without: a generic plan prunes the log's
--- partitions at executor start and ignores segments attached after it was planned, and the
--- claim moves its cursor past what its scan did not see. Until that is shown safe, not used.
 -- The cursor never passes an offset the scan did not read (the `stop` step, _past_gap): a scan
 -- whose plan is older than a segment attached meanwhile stops at that segment, and the claim
--- tries once more with fresh plans.
+-- tries once more with fresh plans. That made generic plans safe: with them the full suite once
+-- lost 37 of 3,000 messages (a generic plan made while the segment's invalidation arrived is
+-- cached without it), and so did a claim in a transaction that had read the log already.
+-- Plans are PostgreSQL's choice (plan_cache_mode auto), not forced generic: a generic plan of
+-- the scan covers every partition of fluxpg.log, the segments of all queues, and locks and prunes
+-- them all on each call. A one-message claim cost ~500 µs of backend CPU generic against ~1,000
+-- custom in a database with few segments, where auto picks the generic plan itself, but
+-- 1,800–2,600 generic against 750–1,050 auto (custom) with 4,600 (benchmarks/README.md).
 CREATE OR REPLACE FUNCTION fluxpg.claim(queue text, grp text, consumer text, n int DEFAULT 1,
                                         selector jsonpath DEFAULT NULL)
 RETURNS SETOF fluxpg.delivery LANGUAGE plpgsql AS $$

@@ -1669,14 +1669,17 @@ BEGIN
     -- The scan is written out here (and in read) rather than in a shared set-returning function:
     -- nesting one copies every row once more (measured: a quarter of a 500-message claim).
     -- It reads every row of the window in offset order, also those the claim passes over
-    -- (expired, another topic, redriven: `ok` false), until the take-th deliverable one (the
-    -- window's run condition on `nok` stops the scan there). The cursor goes past the last row
-    -- read when the batch is full, else to the window's end — but never past an offset the scan
-    -- did not read (`seen`, see _past_gap), and only what lies below the cursor is delivered.
+    -- (expired, another topic, redriven: `ok` false; their payloads are not carried along),
+    -- until the take-th deliverable one (the window's run condition on `nok` stops the scan
+    -- there). The cursor goes past the last message taken when the batch is full, else to the
+    -- window's end — but never past an offset the scan did not read (`seen`, see _past_gap),
+    -- and only what lies below the cursor is delivered.
     RETURN QUERY
     WITH el AS (
       SELECT x.seq, x.topic, x.payload, x.headers, x.created_at, x.ok, x.nok, x.rn
-        FROM (SELECT r.*, count(*) FILTER (WHERE r.ok) OVER o AS nok, row_number() OVER o AS rn
+        FROM (SELECT r.seq, r.ok, CASE WHEN r.ok THEN r.topic END AS topic, CASE WHEN r.ok THEN r.payload END AS payload,
+                     CASE WHEN r.ok THEN r.headers END AS headers, r.created_at,
+                     count(*) FILTER (WHERE r.ok) OVER o AS nok, row_number() OVER o AS rn
                 FROM (SELECT l.seq, l.topic, l.payload, l.headers, l.created_at,
                              (l.expires_at IS NULL OR l.expires_at > now())
                              AND (g.filter_regex IS NULL OR fluxpg.routing_key(l.topic) ~ g.filter_regex)
@@ -1687,7 +1690,8 @@ BEGIN
               WINDOW o AS (ORDER BY r.seq ROWS UNBOUNDED PRECEDING)) x
        WHERE x.nok <= w.take
     ), seen AS (
-      SELECT CASE WHEN count(*) FILTER (WHERE el.ok) >= w.take THEN max(el.seq) + 1 ELSE w.window_end END AS upto,
+      SELECT CASE WHEN count(*) FILTER (WHERE el.ok) >= w.take THEN max(el.seq) FILTER (WHERE el.ok) + 1
+                  ELSE w.window_end END AS upto,
              coalesce(min(w.cur + el.rn - 1) FILTER (WHERE el.seq <> w.cur + el.rn - 1), w.cur + count(*)) AS upto_read
         FROM el
     ), stop AS (
@@ -1970,7 +1974,9 @@ BEGIN
     RETURN QUERY
     WITH el AS (
       SELECT x.seq, x.topic, x.payload, x.headers, x.created_at, x.ok, x.nok, x.rn
-        FROM (SELECT r.*, count(*) FILTER (WHERE r.ok) OVER o AS nok, row_number() OVER o AS rn
+        FROM (SELECT r.seq, r.ok, CASE WHEN r.ok THEN r.topic END AS topic, CASE WHEN r.ok THEN r.payload END AS payload,
+                     CASE WHEN r.ok THEN r.headers END AS headers, r.created_at,
+                     count(*) FILTER (WHERE r.ok) OVER o AS nok, row_number() OVER o AS rn
                 FROM (SELECT l.seq, l.topic, l.payload, l.headers, l.created_at,
                              (l.expires_at IS NULL OR l.expires_at > now())
                              AND (g.filter_regex IS NULL OR fluxpg.routing_key(l.topic) ~ g.filter_regex) AS ok
@@ -1980,7 +1986,8 @@ BEGIN
               WINDOW o AS (ORDER BY r.seq ROWS UNBOUNDED PRECEDING)) x
        WHERE x.nok <= w.take
     ), seen AS (
-      SELECT CASE WHEN count(*) FILTER (WHERE el.ok) >= w.take THEN max(el.seq) + 1 ELSE w.window_end END AS upto,
+      SELECT CASE WHEN count(*) FILTER (WHERE el.ok) >= w.take THEN max(el.seq) FILTER (WHERE el.ok) + 1
+                  ELSE w.window_end END AS upto,
              coalesce(min(w.cur + el.rn - 1) FILTER (WHERE el.seq <> w.cur + el.rn - 1), w.cur + count(*)) AS upto_read
         FROM el
     ), stop AS (

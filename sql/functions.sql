@@ -1541,7 +1541,11 @@ BEGIN
   SELECT sl.segment INTO seg FROM fluxpg._segment_list sl
    WHERE sl.queue_id = qid AND sl.partition = part AND sl.from_seq <= gap AND gap < sl.to_seq;
   IF seg IS NOT NULL THEN
-    EXECUTE format('LOCK TABLE %s IN ACCESS SHARE MODE', seg);
+    BEGIN
+      EXECUTE format('LOCK TABLE %s IN ACCESS SHARE MODE', seg);
+    EXCEPTION WHEN undefined_table THEN   -- dropped meanwhile: the next claim sees the floor move
+      NULL;
+    END;
   END IF;
   DISCARD PLANS;
   RAISE LOG 'fluxpg: queue % partition %: the scan did not see offset % (segment %, attached after its plan was made); the cursor stops there',

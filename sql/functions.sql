@@ -1510,6 +1510,49 @@ BEGIN
    ORDER BY upd.seq;
 END $$;
 
+-- A claim's or read's scan found no row at offset `gap` of a queue partition, below `upto` (where
+-- its cursor would go). Offsets are dense — an append takes consecutive ones, and its rows commit
+-- with the head that _window read before the scan — so the row exists unless
+-- * retention dropped its segment and has not yet moved the partition's first offset up
+--   (_forget_segment runs after the DROP): below the lowest segment left, nothing is coming back,
+--   and the cursor may go up to it;
+-- * the scan's plan does not include its segment: ATTACH PARTITION locks the log table of the
+--   queue only in SHARE UPDATE EXCLUSIVE mode, which readers do not wait for, so a plan can be
+--   built from a partition list older than the snapshot the scan then reads with. A backend
+--   takes the invalidation that adds the segment only when it locks a relation it did not
+--   hold yet in its transaction: a claim in a transaction that already read the log saw it
+--   late, and a generic plan being built when it arrives is cached without the segment (the
+--   invalidation names log_<queue>, which the cached query does not reference; it references
+--   fluxpg.log) and stays so until the next invalidation of one of its relations.
+-- In that case the cursor stops at the gap. Locking the gap's segment takes the pending
+-- invalidations, and DISCARD PLANS drops this session's cached plans, so the claim's retry (the
+-- `fluxpg.scan_gap` flag) and later claims plan with the segment. Returns where the cursor goes.
+CREATE OR REPLACE FUNCTION fluxpg._past_gap(qid int, part int, gap bigint, upto bigint) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+  lowest bigint;
+  seg regclass;
+BEGIN
+  PERFORM set_config('fluxpg.scan_gap', gap::text, true);
+  SELECT min(sl.from_seq) INTO lowest FROM fluxpg._segment_list sl WHERE sl.queue_id = qid AND sl.partition = part;
+  IF lowest > gap THEN
+    RETURN least(lowest, upto);
+  END IF;
+  SELECT sl.segment INTO seg FROM fluxpg._segment_list sl
+   WHERE sl.queue_id = qid AND sl.partition = part AND sl.from_seq <= gap AND gap < sl.to_seq;
+  IF seg IS NOT NULL THEN
+    BEGIN
+      EXECUTE format('LOCK TABLE %s IN ACCESS SHARE MODE', seg);
+    EXCEPTION WHEN undefined_table THEN   -- dropped meanwhile: the next claim sees the floor move
+      NULL;
+    END;
+  END IF;
+  DISCARD PLANS;
+  RAISE LOG 'fluxpg: queue % partition %: the scan did not see offset % (segment %, attached after its plan was made); the cursor stops there',
+    qid, part, gap, seg;
+  RETURN gap;
+END $$;
+
 -- A consumer with a selector (a jsonpath predicate over headers: fluxpg/selectors.py compiles
 -- JMS selectors to it) takes only the messages it selects. New messages it passes over become
 -- pending entries of no consumer (consumer '', delivery count 0), due at once: the group's other
@@ -1518,33 +1561,42 @@ END $$;
 -- one consumer of the group. Work per claim is bounded (SELECTED_SCAN rows looked at).
 CREATE OR REPLACE FUNCTION fluxpg._claim_selected(q fluxpg.queues, g fluxpg.groups, consumer text, cur bigint,
                                                   window_end bigint, take int, sel jsonpath, vt interval,
-                                                  skip_redriven boolean)
+                                                  skip_redriven boolean, check_gaps boolean)
 RETURNS SETOF fluxpg.delivery LANGUAGE plpgsql AS $$
 DECLARE
   r record;
   hit_s bigint[] := '{}';
   left_s bigint[] := '{}';
   last bigint;
+  expect bigint := cur;
+  upto bigint;
   scanned int := 0;
   scan_limit int := greatest(take * 16, 1000);
 BEGIN
-  FOR r IN SELECT l.seq, (coalesce(l.headers, '{}') @@ sel) IS TRUE AS hit
+  -- Every row of the window in offset order, also those the claim passes over (expired, another
+  -- topic, redriven), so that a missing offset shows (see _past_gap).
+  FOR r IN SELECT l.seq,
+                  CASE WHEN (l.expires_at IS NULL OR l.expires_at > now())
+                            AND (g.filter_regex IS NULL OR fluxpg.routing_key(l.topic) ~ g.filter_regex)
+                            AND (NOT skip_redriven OR NOT fluxpg._is_redriven(q.id, 0, l.seq))
+                       THEN (coalesce(l.headers, '{}') @@ sel) IS TRUE END AS hit
              FROM fluxpg.log l
             WHERE l.queue_id = q.id AND l.partition = 0 AND l.seq >= cur AND l.seq < window_end
-              AND (l.expires_at IS NULL OR l.expires_at > now())
-              AND (g.filter_regex IS NULL OR fluxpg.routing_key(l.topic) ~ g.filter_regex)
-              AND (NOT skip_redriven OR NOT fluxpg._is_redriven(q.id, 0, l.seq))
             ORDER BY l.seq
             LIMIT scan_limit
   LOOP
+    EXIT WHEN check_gaps AND r.seq <> expect;
+    expect := r.seq + 1;
     scanned := scanned + 1;
     last := r.seq;
-    IF r.hit THEN hit_s := hit_s || r.seq; ELSE left_s := left_s || r.seq; END IF;
+    IF r.hit THEN hit_s := hit_s || r.seq; ELSIF NOT r.hit THEN left_s := left_s || r.seq; END IF;
     EXIT WHEN cardinality(hit_s) >= take;
   END LOOP;
-  UPDATE fluxpg.cursors c
-     SET cursor = CASE WHEN cardinality(hit_s) >= take OR scanned >= scan_limit THEN last + 1 ELSE window_end END
-   WHERE c.group_id = g.id AND c.partition = 0;
+  upto := CASE WHEN cardinality(hit_s) >= take OR scanned >= scan_limit THEN last + 1 ELSE window_end END;
+  IF check_gaps AND expect < upto THEN
+    upto := fluxpg._past_gap(q.id, 0, expect, upto);
+  END IF;
+  UPDATE fluxpg.cursors c SET cursor = upto WHERE c.group_id = g.id AND c.partition = 0;
   IF cardinality(left_s) > 0 THEN
     INSERT INTO fluxpg.pending (group_id, partition, seq, consumer, delivered_at, delivery_count, visible_at)
     SELECT g.id, 0, x, '', now(), 0, now() FROM unnest(left_s) x;
@@ -1561,12 +1613,16 @@ BEGIN
    ORDER BY l.seq;
 END $$;
 
--- Custom plans (the default). Generic plans (SET plan_cache_mode = force_generic_plan) cost a
--- one-message claim 400 instead of 700 µs of backend CPU (issue 17), but the full suite lost 37 of
--- 3,000 messages once with them (tests/integration/test_concurrency.py, a loaded machine; not
--- reproduced in 18 runs since) and was never seen to without: a generic plan prunes the log's
--- partitions at executor start and ignores segments attached after it was planned, and the
--- claim moves its cursor past what its scan did not see. Until that is shown safe, not used.
+-- The cursor never passes an offset the scan did not read (the `stop` step, _past_gap): a scan
+-- whose plan is older than a segment attached meanwhile stops at that segment, and the claim
+-- tries once more with fresh plans. That made generic plans safe: with them the full suite once
+-- lost 37 of 3,000 messages (a generic plan made while the segment's invalidation arrived is
+-- cached without it), and so did a claim in a transaction that had read the log already.
+-- Plans are PostgreSQL's choice (plan_cache_mode auto), not forced generic: a generic plan of
+-- the scan covers every partition of fluxpg.log, the segments of all queues, and locks and prunes
+-- them all on each call. A one-message claim cost ~500 µs of backend CPU generic against ~1,000
+-- custom in a database with few segments, where auto picks the generic plan itself, but
+-- 1,800–2,600 generic against 750–1,050 auto (custom) with 4,600 (benchmarks/README.md).
 CREATE OR REPLACE FUNCTION fluxpg.claim(queue text, grp text, consumer text, n int DEFAULT 1,
                                         selector jsonpath DEFAULT NULL)
 RETURNS SETOF fluxpg.delivery LANGUAGE plpgsql AS $$
@@ -1574,9 +1630,13 @@ DECLARE
   q fluxpg.queues := fluxpg._queue(queue, 'classic', 'claim');
   g fluxpg.groups;
   got int := 0;
+  k int;
   w record;
+  first_cur bigint;
   vt interval;
   skip_redriven boolean;
+  check_gaps boolean;
+  retried boolean := false;
   dead bigint[];
 BEGIN
   IF n IS NULL OR n < 1 THEN
@@ -1599,41 +1659,73 @@ BEGIN
     PERFORM fluxpg._touch_member(g.id, consumer);   -- after the cursor row (lock order)
     RETURN;
   END IF;
+  first_cur := w.cur;
   vt := fluxpg._interval(q.settings #>> '{delivery,visibility_timeout}');
   -- A dead-letter queue some of whose messages were redriven: those left it (fluxpg.redrive).
   skip_redriven := fluxpg._has_redriven(q.id);
-  IF selector IS NOT NULL THEN
-    RETURN QUERY SELECT * FROM fluxpg._claim_selected(q, g, consumer, w.cur, w.window_end, w.take, selector, vt,
-                                                      skip_redriven);
-  ELSE
-  -- The scan is written out here (and in read) rather than in a shared set-returning function:
-  -- nesting one copies every row once more (measured: a quarter of a 500-message claim).
-  RETURN QUERY
-  WITH el AS (
-    SELECT l.seq, l.topic, l.payload, l.headers, l.created_at
-      FROM fluxpg.log l
-     WHERE l.queue_id = q.id AND l.partition = 0 AND l.seq >= w.cur AND l.seq < w.window_end
-       AND (l.expires_at IS NULL OR l.expires_at > now())
-       AND (g.filter_regex IS NULL OR fluxpg.routing_key(l.topic) ~ g.filter_regex)
-       AND (NOT skip_redriven OR NOT fluxpg._is_redriven(q.id, 0, l.seq))
-     ORDER BY l.seq
-     LIMIT w.take
-  ), ins AS (
-    INSERT INTO fluxpg.pending (group_id, partition, seq, consumer, delivered_at, delivery_count, visible_at)
-    SELECT g.id, 0, el.seq, consumer, now(), 1, now() + vt FROM el
-  ), mv AS (
-    UPDATE fluxpg.cursors c
-       SET cursor = CASE WHEN (SELECT count(*) FROM el) = w.take THEN (SELECT max(el.seq) + 1 FROM el) ELSE w.window_end END
-     WHERE c.group_id = g.id AND c.partition = 0
-  )
-  SELECT q.name, g.name, 0, el.seq, el.topic, el.payload, el.headers, el.created_at, 1, q.name || ':' || el.seq
-    FROM el ORDER BY el.seq;
-  END IF;
+  -- Transient queues have no segments, and their rows are deleted (ack, sweep): holes are normal.
+  check_gaps := q.durability <> 'transient';
+  LOOP
+    IF selector IS NOT NULL THEN
+      RETURN QUERY SELECT * FROM fluxpg._claim_selected(q, g, consumer, w.cur, w.window_end, w.take, selector, vt,
+                                                        skip_redriven, check_gaps);
+    ELSE
+    -- The scan is written out here (and in read) rather than in a shared set-returning function:
+    -- nesting one copies every row once more (measured: a quarter of a 500-message claim).
+    -- It reads every row of the window in offset order, also those the claim passes over
+    -- (expired, another topic, redriven: `ok` false; their payloads are not carried along),
+    -- until the take-th deliverable one (the window's run condition on `nok` stops the scan
+    -- there). The cursor goes past the last message taken when the batch is full, else to the
+    -- window's end — but never past an offset the scan did not read (`seen`, see _past_gap),
+    -- and only what lies below the cursor is delivered.
+    RETURN QUERY
+    WITH el AS (
+      SELECT x.seq, x.topic, x.payload, x.headers, x.created_at, x.ok, x.nok, x.rn
+        FROM (SELECT r.seq, r.ok, CASE WHEN r.ok THEN r.topic END AS topic, CASE WHEN r.ok THEN r.payload END AS payload,
+                     CASE WHEN r.ok THEN r.headers END AS headers, r.created_at,
+                     count(*) FILTER (WHERE r.ok) OVER o AS nok, row_number() OVER o AS rn
+                FROM (SELECT l.seq, l.topic, l.payload, l.headers, l.created_at,
+                             (l.expires_at IS NULL OR l.expires_at > now())
+                             AND (g.filter_regex IS NULL OR fluxpg.routing_key(l.topic) ~ g.filter_regex)
+                             AND (NOT skip_redriven OR NOT fluxpg._is_redriven(q.id, 0, l.seq)) AS ok
+                        FROM fluxpg.log l
+                       WHERE l.queue_id = q.id AND l.partition = 0 AND l.seq >= w.cur AND l.seq < w.window_end
+                       ORDER BY l.seq OFFSET 0) r
+              WINDOW o AS (ORDER BY r.seq ROWS UNBOUNDED PRECEDING)) x
+       WHERE x.nok <= w.take
+    ), seen AS (
+      SELECT CASE WHEN count(*) FILTER (WHERE el.ok) >= w.take THEN max(el.seq) FILTER (WHERE el.ok) + 1
+                  ELSE w.window_end END AS upto,
+             coalesce(min(w.cur + el.rn - 1) FILTER (WHERE el.seq <> w.cur + el.rn - 1), w.cur + count(*)) AS upto_read
+        FROM el
+    ), stop AS (
+      SELECT CASE WHEN seen.upto_read >= seen.upto OR NOT check_gaps THEN seen.upto
+                  ELSE fluxpg._past_gap(q.id, 0, seen.upto_read, seen.upto) END AS c
+        FROM seen
+    ), ins AS (
+      INSERT INTO fluxpg.pending (group_id, partition, seq, consumer, delivered_at, delivery_count, visible_at)
+      SELECT g.id, 0, el.seq, consumer, now(), 1, now() + vt FROM el WHERE el.ok AND el.seq < (SELECT stop.c FROM stop)
+    ), mv AS (
+      UPDATE fluxpg.cursors c SET cursor = (SELECT stop.c FROM stop)
+       WHERE c.group_id = g.id AND c.partition = 0
+    )
+    SELECT q.name, g.name, 0, el.seq, el.topic, el.payload, el.headers, el.created_at, 1, q.name || ':' || el.seq
+      FROM el WHERE el.ok AND el.seq < (SELECT stop.c FROM stop) ORDER BY el.seq;
+    END IF;
+    GET DIAGNOSTICS k = ROW_COUNT;
+    got := got + k;
+    -- The scan stopped at a gap (_past_gap set the flag): once more, with fresh plans.
+    EXIT WHEN got >= n OR retried OR coalesce(current_setting('fluxpg.scan_gap', true), '') = '';
+    PERFORM set_config('fluxpg.scan_gap', '', true);
+    retried := true;
+    w := fluxpg._window(q, g, 0, n - got, NULL);
+    EXIT WHEN w.take = 0;
+  END LOOP;
   IF coalesce((q.settings #>> '{dlq,expired}')::boolean, false) THEN
     -- dlq.expired (AMQP x-dead-letter-exchange): what the scan passed over because it expired is
     -- dead-lettered, not skipped silently (RabbitMQ: expired messages reaching the head).
     SELECT array_agg(l.seq ORDER BY l.seq) INTO dead FROM fluxpg.log l
-     WHERE l.queue_id = q.id AND l.partition = 0 AND l.seq >= w.cur
+     WHERE l.queue_id = q.id AND l.partition = 0 AND l.seq >= first_cur
        AND l.seq < (SELECT c.cursor FROM fluxpg.cursors c WHERE c.group_id = g.id AND c.partition = 0)
        AND l.expires_at <= now()
        AND (g.filter_regex IS NULL OR fluxpg.routing_key(l.topic) ~ g.filter_regex);
@@ -1881,22 +1973,37 @@ BEGIN
     part := parts[(start + i) % cardinality(parts) + 1];
     w := fluxpg._window(q, g, part, n - got, every);
     CONTINUE WHEN w.take = 0;
+    -- As in claim: every row of the window in offset order until the take-th deliverable one,
+    -- and the cursor never passes an offset the scan did not read (_past_gap).
     RETURN QUERY
     WITH el AS (
-      SELECT l.seq, l.topic, l.payload, l.headers, l.created_at
-        FROM fluxpg.log l
-       WHERE l.queue_id = q.id AND l.partition = part AND l.seq >= w.cur AND l.seq < w.window_end
-         AND (l.expires_at IS NULL OR l.expires_at > now())
-         AND (g.filter_regex IS NULL OR fluxpg.routing_key(l.topic) ~ g.filter_regex)
-       ORDER BY l.seq
-       LIMIT w.take
+      SELECT x.seq, x.topic, x.payload, x.headers, x.created_at, x.ok, x.nok, x.rn
+        FROM (SELECT r.seq, r.ok, CASE WHEN r.ok THEN r.topic END AS topic, CASE WHEN r.ok THEN r.payload END AS payload,
+                     CASE WHEN r.ok THEN r.headers END AS headers, r.created_at,
+                     count(*) FILTER (WHERE r.ok) OVER o AS nok, row_number() OVER o AS rn
+                FROM (SELECT l.seq, l.topic, l.payload, l.headers, l.created_at,
+                             (l.expires_at IS NULL OR l.expires_at > now())
+                             AND (g.filter_regex IS NULL OR fluxpg.routing_key(l.topic) ~ g.filter_regex) AS ok
+                        FROM fluxpg.log l
+                       WHERE l.queue_id = q.id AND l.partition = part AND l.seq >= w.cur AND l.seq < w.window_end
+                       ORDER BY l.seq OFFSET 0) r
+              WINDOW o AS (ORDER BY r.seq ROWS UNBOUNDED PRECEDING)) x
+       WHERE x.nok <= w.take
+    ), seen AS (
+      SELECT CASE WHEN count(*) FILTER (WHERE el.ok) >= w.take THEN max(el.seq) FILTER (WHERE el.ok) + 1
+                  ELSE w.window_end END AS upto,
+             coalesce(min(w.cur + el.rn - 1) FILTER (WHERE el.seq <> w.cur + el.rn - 1), w.cur + count(*)) AS upto_read
+        FROM el
+    ), stop AS (
+      SELECT CASE WHEN seen.upto_read >= seen.upto THEN seen.upto
+                  ELSE fluxpg._past_gap(q.id, part, seen.upto_read, seen.upto) END AS c
+        FROM seen
     ), mv AS (
-      UPDATE fluxpg.cursors c
-         SET cursor = CASE WHEN (SELECT count(*) FROM el) = w.take THEN (SELECT max(el.seq) + 1 FROM el) ELSE w.window_end END
+      UPDATE fluxpg.cursors c SET cursor = (SELECT stop.c FROM stop)
        WHERE c.group_id = g.id AND c.partition = part
     )
     SELECT q.name, g.name, part, el.seq, el.topic, el.payload, el.headers, el.created_at, 1, q.name || ':' || el.seq
-      FROM el ORDER BY el.seq;
+      FROM el WHERE el.ok AND el.seq < (SELECT stop.c FROM stop) ORDER BY el.seq;
     GET DIAGNOSTICS k = ROW_COUNT;
     got := got + k;
   END LOOP;

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import random
 
+import pytest
+
 from fluxpg import db
 from tests.helpers import declare
 
@@ -12,9 +14,10 @@ MESSAGES = 3000
 CONSUMERS = 6
 
 
-async def test_each_message_goes_to_exactly_one_consumer(dsn, qname):
+@pytest.mark.parametrize("segment_size", [500, 20])   # 20: a segment attached every 20 appends, mid-claims
+async def test_each_message_goes_to_exactly_one_consumer(dsn, qname, segment_size):
     setup = await db.connect(dsn)
-    await declare(setup, qname, settings={"segment_size": 500, "limits": {"max_depth": 0}})
+    await declare(setup, qname, settings={"segment_size": segment_size, "limits": {"max_depth": 0}})
     conns = [await db.connect(dsn) for _ in range(CONSUMERS + 2)]
     published = asyncio.Event()
 
@@ -49,8 +52,10 @@ async def test_each_message_goes_to_exactly_one_consumer(dsn, qname):
                                    "WHERE queue = $1", qname)
         assert tuple(row) == (MESSAGES, MESSAGES, 0)
     finally:
-        for c in conns + [setup]:
+        for c in conns:
             await c.close()
+        await setup.fetchval("SELECT fluxpg.delete_queue($1)", qname)   # its segments: not other tests' work
+        await setup.close()
 
 
 async def test_connection_killed_mid_claim_loses_nothing(dsn, qname):

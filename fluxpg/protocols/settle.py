@@ -33,7 +33,7 @@ import asyncio
 import logging
 from typing import Any
 
-from fluxpg.errors import FluxError
+from fluxpg.errors import FluxError, UnknownQueue
 
 log = logging.getLogger("fluxpg.settle")
 
@@ -167,7 +167,11 @@ class Settler:
         if not unwatched:
             return   # every caller is told and answers its client
         # The entries stay pending and come back after the visibility timeout.
-        if isinstance(exc, FluxError):
+        if isinstance(exc, UnknownQueue):
+            # The queue was deleted meanwhile, its entries with it: nothing is left to settle
+            # (RabbitMQ, too, takes a settlement for a deleted queue's delivery without a word).
+            log.info("%s: %s of %s/%s %s: the queue is gone", self.label, verb, queue, group, seqs[:5])
+        elif isinstance(exc, FluxError):
             log.warning("%s: %s of %s/%s %s failed: %s", self.label, verb, queue, group, seqs[:5], exc)
         else:
             log.error("%s: %s of %s/%s %s failed", self.label, verb, queue, group, seqs[:5], exc_info=exc)

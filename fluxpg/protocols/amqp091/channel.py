@@ -47,6 +47,7 @@ from fluxpg.protocols.amqp091.framing import (ACCESS_REFUSED, COMMAND_INVALID, C
                                               UNEXPECTED_FRAME, AMQPError, channel_error, connection_error)
 from fluxpg.protocols.amqp091.properties import delivery_properties, encode_delivery, headers_from_properties
 from fluxpg.delivery import Delivery, parse_message_id
+from fluxpg.protocols.appends import OrderedPublisher
 from fluxpg.protocols.errors import reply_for
 from fluxpg.protocols.settle import Settler
 from fluxpg.errors import (FluxError, InvalidArgument, PayloadTooLarge, QueueFull, ResourceLocked, Unavailable,
@@ -133,7 +134,7 @@ class Channel:
         self._pipeline_idle = asyncio.Event()
         self._pipeline_idle.set()
         self._tasks: set[asyncio.Task] = set()
-        self._slow_appends = 0   # publishes appending through a task (see _append)
+        self._appends = OrderedPublisher(self.manager, self._spawn)   # publishes, in order
         # consumers and deliveries
         self.consumers: dict[str, Consumer] = {}
         self._delivery_tag = 0
@@ -730,30 +731,7 @@ class Channel:
                     raise _error_from_flux(exc, m) from None
             return
         for topic in topics:
-            entry.tasks.append(self._append(topic, body, stored))
-
-    def _append(self, topic: str, body: bytes, stored: dict) -> asyncio.Future:
-        """Start the append of one routed publish; its future (a task on the slow path) says how
-        it ended. A topic whose queue exists is queued for the group commit right here: no task
-        and coroutine per message (~15 µs each). One whose queue must be created first goes
-        through a task (manager.publish), and while such a task is pending every later publish of
-        the channel does too: tasks start in creation order, so appends still reach the appender
-        in publish order."""
-        if not self._slow_appends:
-            try:
-                fut = self.manager.publish_submit(topic, body, stored)
-            except Exception as exc:  # noqa: BLE001 - reported through the future, as a task would
-                fut = asyncio.get_running_loop().create_future()
-                fut.set_exception(exc)
-            if fut is not None:
-                return fut
-        task = self._spawn(self.manager.publish(topic, body, stored))
-        self._slow_appends += 1
-
-        def done(_task: asyncio.Task) -> None:
-            self._slow_appends -= 1
-        task.add_done_callback(done)
-        return task
+            entry.tasks.append(self._appends.append(topic, body, stored))
 
     def _routable(self, topic: str) -> bool:
         """Does a default-exchange topic reach a queue that exists (not only the reserved

@@ -489,19 +489,24 @@ def _topic_bytes(topic: str) -> bytes:
     return b
 
 
-def encode_publish_plain(topic: str, payload: bytes, qos: int, retain: bool, packet_id: int | None,
-                         version: int) -> bytes:
-    """encode(Publish(topic, payload, qos, retain, False, packet_id, Properties()), version)."""
-    t = _topic_bytes(topic)
+def _publish_head(topic: str, qos: int, retain: bool, packet_id: int | None) -> tuple[int, bytes]:
+    """A PUBLISH's first byte and its topic name and packet identifier as encode() writes them
+    (the fast encoders' shared start; same errors as encode())."""
     first = 0x30 | (qos << 1) | (0x01 if retain else 0)
+    t = _topic_bytes(topic)
     if qos:
         if qos not in (1, 2):
             raise ValueError(f"QoS must be 0, 1 or 2, got {qos!r}")
         if not isinstance(packet_id, int) or not 1 <= packet_id <= 0xFFFF:
             raise ValueError(f"packet identifier must be 1..65535, got {packet_id!r}")
-        head = t + _pack_H(packet_id)
-    else:
-        head = t
+        t += _pack_H(packet_id)
+    return first, t
+
+
+def encode_publish_plain(topic: str, payload: bytes, qos: int, retain: bool, packet_id: int | None,
+                         version: int) -> bytes:
+    """encode(Publish(topic, payload, qos, retain, False, packet_id, Properties()), version)."""
+    first, head = _publish_head(topic, qos, retain, packet_id)
     if version == MQTT_5:
         head += b"\x00"
     n = len(head) + len(payload)
@@ -536,14 +541,7 @@ def encode_publish_users(topic: str, payload: bytes, qos: int, retain: bool, pac
     Properties(user_properties=users)), MQTT_5): a v5 PUBLISH whose only properties are user
     properties (queue deliveries: message-id, group-id, ... -- DESIGN §4) without building
     Properties / Publish objects."""
-    t = _topic_bytes(topic)
-    first = 0x30 | (qos << 1) | (0x01 if retain else 0)
-    if qos:
-        if qos not in (1, 2):
-            raise ValueError(f"QoS must be 0, 1 or 2, got {qos!r}")
-        if not isinstance(packet_id, int) or not 1 <= packet_id <= 0xFFFF:
-            raise ValueError(f"packet identifier must be 1..65535, got {packet_id!r}")
-        t += _pack_H(packet_id)
+    first, t = _publish_head(topic, qos, retain, packet_id)
     if users:
         parts = []
         for k, v in users:

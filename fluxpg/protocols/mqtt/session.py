@@ -53,6 +53,7 @@ from fluxpg import connections
 from fluxpg.aio import cancel_and_wait
 from fluxpg.auth import authorize, subscription
 from fluxpg.delivery import Delivery, parse_message_id
+from fluxpg.protocols.appends import OrderedPublisher
 from fluxpg.protocols.errors import reply_for
 from fluxpg.protocols.settle import Settler
 from fluxpg.errors import FluxError, InvalidArgument, PayloadTooLarge, QueueFull, UnknownQueue, WrongQueueKind
@@ -763,7 +764,7 @@ class Connection:
         # waits for nothing has nothing to wait behind either: it is written at once (_on_publish).
         self._unfinished = 0
         self._tasks: list[asyncio.Task] = []
-        self._slow_appends = 0            # queue publishes going through a task (_append)
+        self._appends = OrderedPublisher(ctx.manager)   # queue publishes, in arrival order
         # $ack/$nack/$reject and 3.1.1 PUBACKs. Fire-and-forget acks (QoS 0 `$ack`, a 3.1.1
         # PUBACK) linger up to ACK_LINGER for more: one ack call per batch of a busy subscriber
         # instead of one per round trip (a few messages each); anything waited for goes at once.
@@ -1490,35 +1491,12 @@ class Connection:
         if not self._allowed("publish", topic):
             return self._refuse(p, RC.NOT_AUTHORIZED, f"not allowed to publish to queue {qt.queue!r}")
         headers = _headers(_message_props(p.properties)) if (self.v5 and not p.properties.is_empty()) else None
-        task = self._append(topic, p.payload, headers)
+        task = self._appends.append(topic, p.payload, headers)
         self._hold_inbound([task])
         if p.qos == 0:
             task.add_done_callback(_log_failure)
             return None
         return self._push(task, self._answer(p, "queue"))
-
-    def _append(self, topic: str, payload: bytes, headers: dict[str, Any] | None) -> asyncio.Future:
-        """A queue publish handed to the group commit now, in arrival order (the appender commits
-        in the order publishes are handed in). A topic that routes to a queue goes straight in
-        (QueueManager.publish_submit: a future, no task and coroutine per message); one whose
-        queue must be created first goes through a task (manager.publish), and while such a
-        task is pending every later publish of the connection does too: tasks start in creation
-        order, so appends still reach the appender in arrival order."""
-        if not self._slow_appends:
-            try:
-                fut = self.manager.publish_submit(topic, payload, headers)
-            except Exception as exc:  # noqa: BLE001 - reported through the future, as a task would
-                fut = asyncio.get_running_loop().create_future()
-                fut.set_exception(exc)
-            if fut is not None:
-                return fut
-        task = asyncio.ensure_future(self.manager.publish(topic, payload, headers))
-        self._slow_appends += 1
-        task.add_done_callback(self._slow_append_done)
-        return task
-
-    def _slow_append_done(self, _task: asyncio.Future) -> None:
-        self._slow_appends -= 1
 
     def _on_queue_ack(self, p: Publish, topic: str, queue: str, verb: str):
         up = dict(p.properties.user_properties) if self.v5 else {}

@@ -63,6 +63,16 @@ SELECT EXISTS (SELECT 1 FROM pg_locks
                 WHERE locktype = 'advisory' AND classid = 1179669332 AND objid = 4294967295 AND objsubid = 2
                   AND mode = 'ExclusiveLock' AND granted);
 
+-- name: classic_cursor_behind
+-- A classic group's cursor on partition 0 and whether the queue's head is beyond it (a filtered
+-- claim that came back short may only have reached the end of its window).
+SELECT c.cursor, c.cursor < h.next_seq
+  FROM fluxpg.cursors c
+  JOIN fluxpg.groups g ON g.id = c.group_id
+  JOIN fluxpg.queues q ON q.id = g.queue_id
+  JOIN fluxpg.heads h ON h.queue_id = q.id AND h.partition = c.partition
+ WHERE q.name = $1 AND g.name = $2 AND c.partition = 0;
+
 -- name: claim
 SELECT queue, grp, partition, seq, topic, payload, headers, created_at, delivery_count
   FROM fluxpg.claim($1, $2, $3, $4, $5::jsonpath);

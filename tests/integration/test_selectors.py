@@ -12,8 +12,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fluxpg.config import QueueConfig
+from fluxpg.queues import manager as manager_module
 from fluxpg.selectors import MAX_DEPTH, SelectorError, selector_jsonpath
-from tests.helpers import declare, publish
+from tests.helpers import Inbox, declare, publish
 
 @pytest.fixture(scope="module")
 def pg(dsn):
@@ -143,3 +145,25 @@ async def test_claims_with_a_selector_leave_the_rest_to_the_group(conn, qname):
     assert await conn.fetch("SELECT seq FROM fluxpg.claim($1, 'g', 'picky', 100, $2::jsonpath)", qname, green) == []
     consumers = [r["consumer"] for r in await conn.fetch(GROUP_PENDING + "ORDER BY seq", qname)]
     assert sorted(consumers) == ["picky"] * 10 + ["plain"] * 10
+
+
+@pytest.mark.parametrize("how", ["topic filter", "selector"])
+async def test_a_filtered_consumer_drains_a_large_backlog_without_waiting_for_polls(manager_factory, conn, qname,
+                                                                                     monkeypatch, how):
+    """10,000 messages of which only the last matches: a filtered claim scans a window of a few
+    thousand offsets and comes back short long before the head. The consumer claims on while its
+    cursor moves (polls raised to a minute here: one window per poll would take three minutes)."""
+    monkeypatch.setattr(manager_module, "CLASSIC_POLL", 60.0)
+    mgr = await manager_factory([QueueConfig(name=qname)])
+    qid = mgr.queues[qname].id
+    n = 10_000
+    await conn.fetch("SELECT * FROM fluxpg.append_batch($1, $2, $3, $4)", [qid] * n,
+                     [f"$queue/{qname}/other"] * (n - 1) + [f"$queue/{qname}/match"],
+                     [b"x"] * (n - 1) + [b"it"], [None] * (n - 1) + [{"kind": "match"}])
+    inbox = Inbox()
+    if how == "topic filter":
+        await mgr.subscribe(qname, "g", "c", filter="match", on_delivery=inbox, credit=10)
+    else:
+        await mgr.subscribe(qname, "g", "c", selector="kind = 'match'", on_delivery=inbox, credit=10)
+    [d] = await inbox.wait_for(1, timeout=20)
+    assert (d.seq, d.payload) == (n - 1, b"it")

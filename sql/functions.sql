@@ -775,6 +775,16 @@ BEGIN
     MESSAGE = format('message of %s bytes exceeds limits.max_message_size %s of queue %L', size, lim, qname);
 END $$;
 
+-- The NOTIFYs of append_batch in the rest of this transaction end in `,@<this node>` (own) or in
+-- nothing: set by append_claim and sequence_claim around their appends, whose node wakes its own
+-- consumers itself (other nodes ignore the tag).
+CREATE OR REPLACE FUNCTION fluxpg._tag_notifies(own boolean) RETURNS void
+LANGUAGE sql AS $$
+  SELECT set_config('fluxpg.notify_tag',
+                    CASE WHEN own THEN coalesce(',@' || nullif(current_setting('fluxpg.node_id', true), ''), '')
+                         ELSE '' END, true)
+$$;
+
 -- Append a batch of rows (one per message and matching queue) in one transaction; returns each
 -- input row's (ordinal, queue, partition, seq). Heads are locked in (queue_id, partition) order,
 -- so concurrent batches never deadlock and appends to one partition commit in seq order.
@@ -1173,10 +1183,10 @@ DECLARE
 BEGIN
   PERFORM set_config('synchronous_commit', 'off', true);
   IF cardinality(c_queues) > 0 THEN
-    PERFORM set_config('fluxpg.notify_tag', coalesce(',@' || nullif(current_setting('fluxpg.node_id', true), ''), ''), true);
+    PERFORM fluxpg._tag_notifies(true);
   END IF;
   moved := fluxpg._sequence(max_rows);
-  PERFORM set_config('fluxpg.notify_tag', '', true);
+  PERFORM fluxpg._tag_notifies(false);
   RETURN QUERY SELECT 0, m.qid, NULL::int, count(*), NULL::text, NULL::bytea, NULL::jsonb, NULL::timestamptz, NULL::int
                  FROM unnest(moved) AS m(qid) GROUP BY m.qid;
   IF cardinality(moved) > 0 THEN
@@ -1790,11 +1800,11 @@ RETURNS TABLE (r_target int, r_ord int, r_queue_id int, r_partition int, r_seq b
                r_payload bytea, r_headers jsonb, r_created_at timestamptz, r_delivery_count int)
 LANGUAGE plpgsql AS $$
 BEGIN
-  PERFORM set_config('fluxpg.notify_tag', coalesce(',@' || nullif(current_setting('fluxpg.node_id', true), ''), ''), true);
+  PERFORM fluxpg._tag_notifies(true);
   RETURN QUERY SELECT 0, a.ord, a.queue_id, a.partition, a.seq, NULL::text, NULL::bytea, NULL::jsonb,
                       NULL::timestamptz, NULL::int
                  FROM fluxpg.append_batch(queue_ids, topics, payloads, headers, keys) a;
-  PERFORM set_config('fluxpg.notify_tag', '', true);
+  PERFORM fluxpg._tag_notifies(false);
   RETURN QUERY SELECT h.r_target, NULL::int, h.r_queue_id, h.r_partition, h.r_seq, h.r_topic, h.r_payload,
                       h.r_headers, h.r_created_at, h.r_delivery_count
                  FROM fluxpg._handoff_claims(c_queues, c_groups, c_consumers, c_n) h;

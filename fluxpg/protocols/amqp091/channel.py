@@ -1231,21 +1231,7 @@ class Channel:
         entry = self.unacked.pop(delivery_tag, None)
         if entry is None:
             return False    # unknown tag: the general path raises the channel error
-        c = entry.consumer
-        if c is None or c.kind != "classic" or entry.partition != 0 or c.sub is None or c.gather <= 1:
-            self._settle_entries("ack", [(delivery_tag, entry)])
-            return True
-        # One ack of a classic consumer's delivery (one per message): _settle_entries' ack branch
-        # and _grant for one entry, written out.
-        self._ack_later(entry.queue, entry.group, entry.seq)
-        c.owed += 1
-        if c.owed >= c.gather:
-            c.sub.grant(c.owed)
-            c.owed = 0
-        elif self._grant_timer is None:
-            self._grant_timer = asyncio.get_running_loop().call_later(GRANT_DELAY, self._grant_owed)
-        if self._held:
-            self._release_held()
+        self._settle_entries("ack", [(delivery_tag, entry)])
         return True
 
     async def _basic_ack(self, m: Basic.Ack) -> None:

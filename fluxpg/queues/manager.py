@@ -372,8 +372,11 @@ class Subscription:
         if idle:
             mgr._idle_add(self)
         try:
-            await asyncio.wait_for(waker.wait(), poll)
-        except asyncio.TimeoutError:
+            # asyncio.timeout, not wait_for: wait_for wraps the wait in a task of its own (3.11),
+            # two more loop iterations, a task and a future between a wake-up and the delivery.
+            async with asyncio.timeout(poll):
+                await waker.wait()
+        except TimeoutError:
             self._must_claim = True     # redeliveries due by time send no wake-up
         finally:
             if idle:

@@ -1846,9 +1846,15 @@ END $$;
 -- Rows: the appended ones (target 0; ord, queue id, partition, seq as append_batch returns them),
 -- then the claimed ones (target i; seq and the message). The NOTIFY carries `@<node>` as its last
 -- element: the calling node wakes its own consumers itself, other nodes ignore the tag.
+--
+-- Acks ride along (c_ack_targets / c_ack_seqs, parallel: offset c_ack_seqs[j] of target
+-- c_ack_targets[j]'s queue and group, partition 0): the acknowledgements a target's channel has
+-- not written yet, applied (fluxpg.ack) before the claims, as fluxpg.ack_claim does, so that a
+-- consumer taking one message at a time needs no ack transaction of its own.
 CREATE OR REPLACE FUNCTION fluxpg.append_claim(queue_ids int[], topics text[], payloads bytea[], headers jsonb[],
                                                keys text[], c_queues text[], c_groups text[], c_consumers text[],
-                                               c_n int[])
+                                               c_n int[], c_ack_targets int[] DEFAULT NULL,
+                                               c_ack_seqs bigint[] DEFAULT NULL)
 RETURNS TABLE (r_target int, r_ord int, r_queue_id int, r_partition int, r_seq bigint, r_topic text,
                r_payload bytea, r_headers jsonb, r_created_at timestamptz, r_delivery_count int)
 LANGUAGE plpgsql AS $$
@@ -1857,6 +1863,7 @@ DECLARE
   a_q int[];
   a_p int[];
   a_s bigint[];
+  ti int;
 BEGIN
   PERFORM fluxpg._tag_notifies(true);
   -- append_batch returns its rows in ordinal order, one per input row (a_* [i] is input row i).
@@ -1867,12 +1874,18 @@ BEGIN
   PERFORM fluxpg._tag_notifies(false);
   RETURN QUERY SELECT 0, u.o, u.q, u.p, u.s, NULL::text, NULL::bytea, NULL::jsonb, NULL::timestamptz, NULL::int
                  FROM unnest(a_ord, a_q, a_p, a_s) AS u(o, q, p, s);
+  IF c_ack_targets IS NOT NULL THEN
+    FOR ti IN SELECT DISTINCT x FROM unnest(c_ack_targets) x ORDER BY 1 LOOP
+      PERFORM fluxpg.ack(c_queues[ti], c_groups[ti],
+                         ARRAY(SELECT u.s FROM unnest(c_ack_targets, c_ack_seqs) AS u(at, s) WHERE u.at = ti), 0);
+    END LOOP;
+  END IF;
   RETURN QUERY SELECT h.r_target, NULL::int, h.r_queue_id, h.r_partition, h.r_seq, h.r_topic, h.r_payload,
                       h.r_headers, h.r_created_at, h.r_delivery_count
                  FROM fluxpg._handoff_claims(c_queues, c_groups, c_consumers, c_n, NULL, a_q, a_s,
                                              topics, payloads, headers) h;
 END $$;
-COMMENT ON FUNCTION fluxpg.append_claim(int[], text[], bytea[], jsonb[], text[], text[], text[], text[], int[]) IS 'append_batch plus, in the same transaction, claims for the calling node''s waiting consumers (used by the broker; a target whose cursor is busy or that has redeliveries due is skipped)';
+COMMENT ON FUNCTION fluxpg.append_claim(int[], text[], bytea[], jsonb[], text[], text[], text[], text[], int[], int[], bigint[]) IS 'append_batch plus, in the same transaction, the acks the calling node''s waiting consumers have not written yet and claims for them (used by the broker; a target whose cursor is busy or that has redeliveries due is skipped)';
 
 CREATE OR REPLACE FUNCTION fluxpg.reclaim(queue text, grp text, consumer text, n int DEFAULT 100,
                                           after bigint DEFAULT NULL)

@@ -48,11 +48,16 @@ class ClaimTarget:
     consumer: str
     n: int
     token: Any = None        # the planner's own (which subscription, what it expects)
+    # Offsets of (queue, group) the consumer's front-end acknowledged and has not written yet,
+    # applied in the same transaction before the claims (fluxpg.append_claim); the planner tells
+    # the front-end in done() whether they were written.
+    acks: list[int] | None = None
 
 
 class Handoff(Protocol):
-    def plan(self, queue_ids: set[int]) -> list[ClaimTarget]:
-        """Consumers waiting for new messages of these queues, now reserved for this batch."""
+    def plan(self, queue_ids: set[int], carry_acks: bool = False) -> list[ClaimTarget]:
+        """Consumers waiting for new messages of these queues, now reserved for this batch (with
+        carry_acks: and the acks their front-ends have not written yet, ClaimTarget.acks)."""
 
     def done(self, queue_ids: set[int], targets: list[ClaimTarget], claimed: list[list[Any]] | None) -> None:
         """After the batch: claimed[i] are the rows claimed for targets[i] (committed), or None
@@ -180,7 +185,7 @@ class Appender:
         """The batch in one transaction: (queue_id, partition, seq) per row, and what to call after
         the publishers were told (the handoff's deliveries), or None."""
         queue_ids = {r.queue_id for r in rows}
-        targets = self._handoff.plan(queue_ids) if handoff and self._handoff is not None else []
+        targets = self._handoff.plan(queue_ids, carry_acks=True) if handoff and self._handoff is not None else []
         if not targets:
             try:
                 result = await append_rows(await self._connection(), rows)
@@ -192,9 +197,12 @@ class Appender:
             return result, None
         try:
             conn = await self._connection()
+            ack_targets = [i for i, t in enumerate(targets, 1) if t.acks for _ in t.acks]
             records = await conn.fetch(queries()["append_claim"], *_append_args(rows),
                                        [t.queue for t in targets], [t.group for t in targets],
-                                       [t.consumer for t in targets], [t.n for t in targets])
+                                       [t.consumer for t in targets], [t.n for t in targets],
+                                       ack_targets or None,
+                                       [s for t in targets if t.acks for s in t.acks] if ack_targets else None)
         except Exception as exc:  # noqa: BLE001 - retried without the handoff by _commit
             self._handoff.done(queue_ids, targets, None)
             await self._give_back()

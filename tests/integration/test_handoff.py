@@ -70,7 +70,7 @@ async def test_a_failing_claim_does_not_fail_the_publish(dsn, conn, qname):
     told = []
 
     class BadHandoff:
-        def plan(self, queue_ids):
+        def plan(self, queue_ids, carry_acks=False):
             return [ClaimTarget(qname, "g", "", 5)]
 
         def done(self, queue_ids, targets, claimed):
@@ -160,8 +160,8 @@ async def test_messages_handed_to_a_subscription_that_went_away_are_released(man
     handoff = mgr.appender._handoff
     plan = handoff.plan
 
-    def plan_then_cancel(queue_ids):
-        targets = plan(queue_ids)
+    def plan_then_cancel(queue_ids, **kw):
+        targets = plan(queue_ids, **kw)
         sub._task.cancel()            # gone before the append's transaction returns
         return targets
 
@@ -328,3 +328,42 @@ async def test_append_claim_near_max_pending_takes_no_more_than_the_cap(conn, qn
     rows = await conn.fetch("SELECT r_target, r_seq FROM fluxpg.append_claim($1, $2, $3, NULL, NULL, $4, $5, $6, $7)",
                             [qid] * 3, [f"$queue/{qname}/k"] * 3, [b"a", b"b", b"c"], [qname], ["g"], ["c"], [10])
     assert [tuple(r) for r in rows] == [(0, 2), (0, 3), (0, 4), (1, 2)]
+
+
+async def test_acks_not_yet_written_ride_in_the_handoff_append(manager_factory, conn, qname):
+    """A waiting consumer's acks its front-end has not written (Subscription.carry_acks) are
+    applied in the append that claims for it, and the front-end is told they were written."""
+    mgr = await manager_factory([QueueConfig(name=qname)])
+    inbox = Inbox()
+    sub = await mgr.subscribe(qname, "g", "c", on_delivery=inbox, credit=100)
+    await until_idle(mgr, sub)
+    await mgr.publish(f"$queue/{qname}/k", b"0")
+    await inbox.wait_for(1)
+    told = []
+    unwritten = [[0]]
+
+    def carry():
+        if not unwritten:
+            return None
+        return unwritten.pop(), told.append
+
+    sub.carry_acks = carry
+    await until_idle(mgr, sub)
+    await mgr.publish(f"$queue/{qname}/k", b"1")
+    await inbox.wait_for(2)
+    assert told == [None] and mgr.appender.handed == 2
+    rows = await conn.fetch("SELECT seq FROM fluxpg.pending_entries WHERE queue = $1 ORDER BY seq", qname)
+    assert [r["seq"] for r in rows] == [1]
+
+
+async def test_append_claim_applies_the_carried_acks_before_claiming(conn, qname):
+    await declare(conn, qname)
+    assert await claim(conn, qname, "g", "c", 1) == []
+    await publish_many(conn, qname, 3)
+    assert await claim(conn, qname, "g", "c", 10) == [0, 1, 2]
+    qid = await conn.fetchval("SELECT id FROM fluxpg.queues WHERE name = $1", qname)
+    rows = await conn.fetch("SELECT r_target, r_seq FROM fluxpg.append_claim($1, $2, $3, NULL, NULL, $4, $5, $6, $7, $8, $9)",
+                            [qid], [f"$queue/{qname}/k"], [b"n"], [qname], ["g"], ["c"], [10], [1, 1], [0, 2])
+    assert [tuple(r) for r in rows] == [(0, 3), (1, 3)]
+    left = await conn.fetch("SELECT seq FROM fluxpg.pending_entries WHERE queue = $1 ORDER BY seq", qname)
+    assert [r["seq"] for r in left] == [1, 3]

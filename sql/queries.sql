@@ -39,7 +39,7 @@ SELECT ord, queue_id, partition, seq
 -- name: append_claim
 SELECT r_target, r_ord, r_queue_id, r_partition, r_seq, r_topic, r_payload, r_headers, r_created_at, r_delivery_count
   FROM fluxpg.append_claim($1::int[], $2::text[], $3::bytea[], $4::jsonb[], $5::text[], $6::text[], $7::text[],
-                           $8::text[], $9::int[]);
+                           $8::text[], $9::int[], $10::int[], $11::bigint[]);
 
 -- name: sequence_claim
 -- fluxpg.sequence_claim commits asynchronously (why: at the function).

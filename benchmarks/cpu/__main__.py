@@ -90,6 +90,7 @@ def summarize(result: dict) -> list[dict]:
             row["before_parts"] = {g: median([s.us_per_msg(g) for s in bl]) for g in groups}
             row["before_cpu_ratio"] = median([a.us_per_msg() / b.us_per_msg() for a, b in bpairs if b.us_per_msg()])
             row["before_rate_ratio"] = median([a.rate / b.rate for a, b in bpairs if b.rate])
+            row["before_p50"] = median([s.pct(50) for s in bl])
         rows.append(row)
     return rows
 
@@ -115,7 +116,7 @@ def report(result: dict, rows: list[dict]) -> str:
     if any("before_us" in r for r in rows):
         lines += ["", "Before (--compare-with) and after, same rounds:", "",
                   f"| path | before µs/msg (broker + PG) | after µs/msg (broker + PG) | CPU ratio to {peer} before → after "
-                  "| throughput ratio before → after |", "| --- | ---: | ---: | ---: | ---: |"]
+                  "| throughput ratio before → after | p50 ms before → after |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
         for r in rows:
             if "before_us" not in r:
                 continue
@@ -123,7 +124,8 @@ def report(result: dict, rows: list[dict]) -> str:
             parts = " + ".join(fmt(v) for v in r["fluxpg_parts"].values())
             lines.append(f"| {r['row']} | {fmt(r['before_us'])} ({bparts}) | {fmt(r['fluxpg_us'])} ({parts}) | "
                          f"{fmt(r['before_cpu_ratio'], 2)} → {fmt(r['cpu_ratio'], 2)} | "
-                         f"{fmt(r['before_rate_ratio'], 2)} → {fmt(r['rate_ratio'], 2)} |")
+                         f"{fmt(r['before_rate_ratio'], 2)} → {fmt(r['rate_ratio'], 2)} | "
+                         f"{fmt(r.get('before_p50', float('nan')), 2)} → {fmt(r['fluxpg_p50'], 2)} |")
     return "\n".join(lines)
 
 

@@ -372,8 +372,11 @@ class Subscription:
         if idle:
             mgr._idle_add(self)
         try:
-            await asyncio.wait_for(waker.wait(), poll)
-        except asyncio.TimeoutError:
+            # asyncio.timeout, not wait_for: wait_for wraps the wait in a task of its own (3.11),
+            # two more loop iterations, a task and a future between a wake-up and the delivery.
+            async with asyncio.timeout(poll):
+                await waker.wait()
+        except TimeoutError:
             self._must_claim = True     # redeliveries due by time send no wake-up
         finally:
             if idle:
@@ -464,7 +467,7 @@ class LocalHandoff:
     def __init__(self, manager: QueueManager):
         self.manager = manager
 
-    def plan(self, queue_ids: set[int]) -> list[ClaimTarget]:
+    def plan(self, queue_ids: set[int], carry_acks: bool = False) -> list[ClaimTarget]:
         mgr = self.manager
         targets: list[ClaimTarget] = []
         for qid in queue_ids:
@@ -481,7 +484,11 @@ class LocalHandoff:
                 groups.add(sub.group)
                 sub._handoff = asyncio.get_running_loop().create_future()
                 n = mgr.qm.delivery_batch if credit is None else min(credit, mgr.qm.delivery_batch)
-                targets.append(ClaimTarget(sub.queue, sub.group, sub.consumer, n, (sub, now)))
+                # The front-end's acks not written yet ride along (as in the subscription's own
+                # claim, Subscription._fetch): no ack transaction of their own.
+                carried = sub.carry_acks() if carry_acks and sub.carry_acks is not None else None
+                targets.append(ClaimTarget(sub.queue, sub.group, sub.consumer, n, (sub, now, carried),
+                                           carried[0] if carried is not None else None))
         return targets
 
     def done(self, queue_ids: set[int], targets: list[ClaimTarget], claimed: list[list[Any]] | None) -> None:
@@ -490,7 +497,10 @@ class LocalHandoff:
             for qid in queue_ids:
                 mgr._wake(qid)
         for i, t in enumerate(targets):
-            sub, (count, epoch) = t.token
+            sub, (count, epoch), carried = t.token
+            if carried is not None:
+                # Written with the batch (committed), or not at all: the front-end writes them itself.
+                carried[1](None if claimed is not None else Unavailable("the append carrying the acks failed"))
             result = None
             if claimed is not None:
                 # Rows of fluxpg.append_claim: r_target, r_ord, r_queue_id, r_partition, r_seq,

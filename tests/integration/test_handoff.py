@@ -70,7 +70,7 @@ async def test_a_failing_claim_does_not_fail_the_publish(dsn, conn, qname):
     told = []
 
     class BadHandoff:
-        def plan(self, queue_ids):
+        def plan(self, queue_ids, carry_acks=False):
             return [ClaimTarget(qname, "g", "", 5)]
 
         def done(self, queue_ids, targets, claimed):
@@ -160,8 +160,8 @@ async def test_messages_handed_to_a_subscription_that_went_away_are_released(man
     handoff = mgr.appender._handoff
     plan = handoff.plan
 
-    def plan_then_cancel(queue_ids):
-        targets = plan(queue_ids)
+    def plan_then_cancel(queue_ids, **kw):
+        targets = plan(queue_ids, **kw)
         sub._task.cancel()            # gone before the append's transaction returns
         return targets
 
@@ -246,3 +246,124 @@ async def test_a_sequencer_round_that_moves_nothing_into_a_queue_frees_its_consu
         await inbox.wait_for(i + 2)
     assert [d.payload for d in inbox.items] == [b"tx"] + [b"%d" % i for i in range(5)]
     assert mgr.appender.handed == 5
+
+
+async def _claim_calls_in(conn, fn):
+    """Run fn() in one transaction with function tracking on; how often fluxpg.claim ran in it."""
+    async with conn.transaction():
+        await conn.execute("SET LOCAL track_functions = 'all'")
+        result = await fn()
+        calls = await conn.fetchval("SELECT coalesce(sum(calls), 0) FROM pg_stat_xact_user_functions "
+                                    "WHERE schemaname = 'fluxpg' AND funcname = 'claim'")
+    return result, calls
+
+
+async def test_append_claim_at_the_head_writes_the_claim_without_reading_the_log(conn, qname):
+    """The group's cursor at the first appended offset: the claim is written from the batch
+    itself (no fluxpg.claim call) and is what fluxpg.claim would have written and returned."""
+    await declare(conn, qname)
+    other = f"{qname}_o"
+    await declare(conn, other)
+    assert await claim(conn, qname, "g", "c", 1) == []
+    qid = await conn.fetchval("SELECT id FROM fluxpg.queues WHERE name = $1", qname)
+    oid = await conn.fetchval("SELECT id FROM fluxpg.queues WHERE name = $1", other)
+
+    async def append():
+        return await conn.fetch(
+            "SELECT r_target, r_ord, r_queue_id, r_seq, r_topic, r_payload, r_headers, r_created_at, r_delivery_count "
+            "FROM fluxpg.append_claim($1, $2, $3, $4, NULL, $5, $6, $7, $8)",
+            [qid, oid, qid, qid], [f"$queue/{qname}/a", f"$queue/{other}/x", f"$queue/{qname}/b", f"$queue/{qname}/c"],
+            [b"a", b"x", b"b", b"c"], [{"h": 1}, None, None, {"h": 3}], [qname], ["g"], ["c"], [2])
+
+    rows, calls = await _claim_calls_in(conn, append)
+    assert calls == 0
+    assert [tuple(r)[:4] for r in rows[:4]] == [(0, 1, qid, 0), (0, 2, oid, 0), (0, 3, qid, 1), (0, 4, qid, 2)]
+    handed = [(r["r_target"], r["r_queue_id"], r["r_seq"], r["r_topic"], bytes(r["r_payload"]), r["r_headers"],
+               r["r_delivery_count"]) for r in rows[4:]]
+    assert handed == [(1, qid, 0, f"$queue/{qname}/a", b"a", {"h": 1}, 1), (1, qid, 1, f"$queue/{qname}/b", b"b", None, 1)]
+    logged = await conn.fetch("SELECT seq, created_at FROM fluxpg.log WHERE queue_id = $1 ORDER BY seq", qid)
+    assert [r["r_created_at"] for r in rows[4:]] == [r["created_at"] for r in logged[:2]]
+    pending = await conn.fetch("SELECT p.seq, p.consumer, p.delivery_count, p.visible_at - p.delivered_at AS vt "
+                               "FROM fluxpg.pending p JOIN fluxpg.groups g ON g.id = p.group_id "
+                               "WHERE g.queue_id = $1 AND g.name = 'g' ORDER BY p.seq", qid)
+    assert [(r["seq"], r["consumer"], r["delivery_count"]) for r in pending] == [(0, "c", 1), (1, "c", 1)]
+    assert {str(r["vt"]) for r in pending} == {"0:00:30"}
+    # The cursor went past what was taken (n = 2), not past the third message.
+    assert await claim(conn, qname, "g", "c", 10) == [2]
+
+
+async def test_append_claim_with_a_backlog_claims_the_oldest_first(conn, qname):
+    """The cursor behind the batch (a backlog): fluxpg.claim runs, oldest messages first."""
+    await declare(conn, qname)
+    assert await claim(conn, qname, "g", "c", 1) == []
+    await publish_many(conn, qname, 3)
+    qid = await conn.fetchval("SELECT id FROM fluxpg.queues WHERE name = $1", qname)
+
+    async def append():
+        return await conn.fetch("SELECT r_target, r_seq FROM fluxpg.append_claim($1, $2, $3, NULL, NULL, $4, $5, $6, $7)",
+                                [qid], [f"$queue/{qname}/k"], [b"n"], [qname], ["g"], ["c"], [2])
+
+    rows, calls = await _claim_calls_in(conn, append)
+    assert calls == 1
+    assert [tuple(r) for r in rows] == [(0, 3), (1, 0), (1, 1)]
+
+
+async def test_append_claim_does_not_hand_over_a_message_expired_on_arrival(conn, qname):
+    """x-amqp-expiration 0 expires at once: fluxpg.claim passes over it, so must the handoff."""
+    await declare(conn, qname)
+    assert await claim(conn, qname, "g", "c", 1) == []
+    qid = await conn.fetchval("SELECT id FROM fluxpg.queues WHERE name = $1", qname)
+    rows = await conn.fetch("SELECT r_target, r_seq FROM fluxpg.append_claim($1, $2, $3, $4, NULL, $5, $6, $7, $8)",
+                            [qid, qid], [f"$queue/{qname}/k"] * 2, [b"a", b"b"],
+                            [{"x-amqp-expiration": "0"}, None], [qname], ["g"], ["c"], [10])
+    assert [tuple(r) for r in rows] == [(0, 0), (0, 1), (1, 1)]
+
+
+async def test_append_claim_near_max_pending_takes_no_more_than_the_cap(conn, qname):
+    await declare(conn, qname, settings={"delivery": {"max_pending": 3}})
+    assert await claim(conn, qname, "g", "c", 1) == []
+    await publish_many(conn, qname, 2)
+    assert await claim(conn, qname, "g", "c", 10) == [0, 1]
+    qid = await conn.fetchval("SELECT id FROM fluxpg.queues WHERE name = $1", qname)
+    rows = await conn.fetch("SELECT r_target, r_seq FROM fluxpg.append_claim($1, $2, $3, NULL, NULL, $4, $5, $6, $7)",
+                            [qid] * 3, [f"$queue/{qname}/k"] * 3, [b"a", b"b", b"c"], [qname], ["g"], ["c"], [10])
+    assert [tuple(r) for r in rows] == [(0, 2), (0, 3), (0, 4), (1, 2)]
+
+
+async def test_acks_not_yet_written_ride_in_the_handoff_append(manager_factory, conn, qname):
+    """A waiting consumer's acks its front-end has not written (Subscription.carry_acks) are
+    applied in the append that claims for it, and the front-end is told they were written."""
+    mgr = await manager_factory([QueueConfig(name=qname)])
+    inbox = Inbox()
+    sub = await mgr.subscribe(qname, "g", "c", on_delivery=inbox, credit=100)
+    await until_idle(mgr, sub)
+    await mgr.publish(f"$queue/{qname}/k", b"0")
+    await inbox.wait_for(1)
+    told = []
+    unwritten = [[0]]
+
+    def carry():
+        if not unwritten:
+            return None
+        return unwritten.pop(), told.append
+
+    sub.carry_acks = carry
+    await until_idle(mgr, sub)
+    await mgr.publish(f"$queue/{qname}/k", b"1")
+    await inbox.wait_for(2)
+    assert told == [None] and mgr.appender.handed == 2
+    rows = await conn.fetch("SELECT seq FROM fluxpg.pending_entries WHERE queue = $1 ORDER BY seq", qname)
+    assert [r["seq"] for r in rows] == [1]
+
+
+async def test_append_claim_applies_the_carried_acks_before_claiming(conn, qname):
+    await declare(conn, qname)
+    assert await claim(conn, qname, "g", "c", 1) == []
+    await publish_many(conn, qname, 3)
+    assert await claim(conn, qname, "g", "c", 10) == [0, 1, 2]
+    qid = await conn.fetchval("SELECT id FROM fluxpg.queues WHERE name = $1", qname)
+    rows = await conn.fetch("SELECT r_target, r_seq FROM fluxpg.append_claim($1, $2, $3, NULL, NULL, $4, $5, $6, $7, $8, $9)",
+                            [qid], [f"$queue/{qname}/k"], [b"n"], [qname], ["g"], ["c"], [10], [1, 1], [0, 2])
+    assert [tuple(r) for r in rows] == [(0, 3), (1, 3)]
+    left = await conn.fetch("SELECT seq FROM fluxpg.pending_entries WHERE queue = $1 ORDER BY seq", qname)
+    assert [r["seq"] for r in left] == [1, 3]

@@ -9,6 +9,7 @@ import pytest
 import fluxpg
 from fluxpg import db
 from fluxpg.config import QueueConfig
+from fluxpg.queues import appender as appender_module
 from fluxpg.queues import manager as manager_module
 from fluxpg.errors import PayloadTooLarge, QueueFull, ResourceLocked, UnknownQueue, WrongQueueKind
 from tests.helpers import Inbox
@@ -23,6 +24,26 @@ async def test_group_commit_coalesces_and_keeps_publish_order(manager_factory, q
     await mgr.subscribe(qname, "g", "c", on_delivery=inbox, credit=None)
     got = await inbox.wait_for(300)
     assert [d.payload for d in got] == [b"%d" % i for i in range(300)]
+
+
+async def test_appender_keeps_its_connection_and_replaces_a_broken_one(manager_factory, conn, qname):
+    """The group commit runs its batches on one pool connection it holds (no acquire/release per
+    batch); a connection that broke meanwhile is given back and replaced, the publish goes on."""
+    mgr = await manager_factory([QueueConfig(name=qname)])
+    await mgr.publish(f"$queue/{qname}/k", b"0")
+    held = mgr.appender._conn
+    assert held is not None
+    await mgr.publish(f"$queue/{qname}/k", b"1")
+    assert mgr.appender._conn is held
+    assert await conn.fetchval("SELECT pg_terminate_backend($1)", held.get_server_pid())
+    async def closed():
+        while not appender_module._broken(held):
+            await asyncio.sleep(0.01)
+    await asyncio.wait_for(closed(), 10)
+    assert await mgr.publish(f"$queue/{qname}/k", b"2") == [(qname, 2)]
+    assert mgr.appender._conn is not held and not appender_module._broken(mgr.appender._conn)
+    await mgr.close()
+    assert mgr.appender._conn is None
 
 
 async def test_one_bad_publish_fails_alone_in_a_batch(manager_factory, qname):

@@ -429,3 +429,35 @@ async def test_exclusive_server_named_queue_is_transient(broker):
             break
         await asyncio.sleep(0.1)
     assert server.manager.queue_info(q.name) is None
+
+
+async def test_lone_publishes_are_confirmed_without_a_confirm_task(broker, qname, monkeypatch):
+    """A publish into an empty confirm FIFO is confirmed from its append's callback (no confirm
+    loop task per message); publishes in flight together still go through the confirm loop, and
+    every confirm comes, in order."""
+    from fluxpg.protocols.amqp091 import channel as channel_module
+
+    loops = []
+    original = channel_module.Channel._confirm_loop
+
+    def counted(self):
+        loops.append(self)
+        return original(self)
+
+    monkeypatch.setattr(channel_module.Channel, "_confirm_loop", counted)
+    server = await broker([QueueConfig(name=qname)])
+    conn = await _connect(server)
+    try:
+        ch = await conn.channel()
+        for i in range(20):
+            ok = await ch.default_exchange.publish(aio_pika.Message(b"%d" % i), routing_key=qname)
+            assert isinstance(ok, Basic.Ack)
+        assert loops == []
+        acks = await asyncio.gather(*(ch.default_exchange.publish(aio_pika.Message(b"m"), routing_key=qname)
+                                      for _ in range(50)))
+        assert all(isinstance(a, Basic.Ack) for a in acks) and loops
+        q = await ch.get_queue(qname, ensure=False)
+        got = [(await q.get(no_ack=True, timeout=5)).body for _ in range(20)]
+        assert got == [b"%d" % i for i in range(20)]
+    finally:
+        await conn.close()

@@ -657,7 +657,24 @@ class Channel:
         self._pipeline.append(entry)
         self._pipeline_idle.clear()
         if self._confirmer is None or self._confirmer.done():
+            if len(self._pipeline) == 1 and len(entry.tasks) == 1 and not entry.tasks[0].done():
+                # A lone publish (the FIFO was empty: publish, wait for the confirm, publish …):
+                # confirmed from its append's done callback, in the loop turn after the commit,
+                # instead of by a confirm task started for it (a task, asyncio.wait's future and
+                # two more loop turns per message).
+                entry.tasks[0].add_done_callback(self._confirm_lone)
+            else:
+                self._confirmer = self._spawn(self._confirm_loop())
+
+    def _confirm_lone(self, _fut: asyncio.Future) -> None:
+        if self._confirmer is not None and not self._confirmer.done():
+            return   # more publishes came meanwhile: the confirm loop started for them has this one too
+        while self._pipeline and all(t.done() for t in self._pipeline[0].tasks):
+            self._confirm_entry(self._pipeline.popleft())
+        if self._pipeline:
             self._confirmer = self._spawn(self._confirm_loop())
+        else:
+            self._pipeline_idle.set()
 
     def _drop_partial(self) -> None:
         """Forget a partially received message (channel closing, error): free its bytes."""
@@ -786,29 +803,34 @@ class Channel:
                 if entry.tasks:
                     await asyncio.wait(entry.tasks)
                 self._pipeline.popleft()
-                failure = entry.error or self._failure(entry)
-                if self.state != "open":
-                    continue   # the channel closed: no confirm may be sent any more
-                if failure is None:
-                    if entry.tag is not None:
-                        # Coalesce: every following entry already done and successful.
-                        last = entry.tag
-                        while (self._pipeline and self._pipeline[0].tag is not None and self._pipeline[0].error is None
-                               and all(t.done() for t in self._pipeline[0].tasks)
-                               and self._failure(self._pipeline[0]) is None):
-                            last = self._pipeline.popleft().tag
-                        self.conn.write(framing.method_frame(self.id, Basic.Ack(last, last != entry.tag)))
-                elif isinstance(failure, AMQPError):
-                    self.fail(failure)
-                else:
-                    if entry.tag is not None:
-                        self.conn.write(framing.method_frame(self.id, Basic.Nack(entry.tag, False, False)))
-                    else:
-                        log.warning("amqp091 %s channel %d: publish failed (no confirms to tell the client): %s",
-                                    self.conn.name, self.id, failure)
+                self._confirm_entry(entry)
         finally:
             if not self._pipeline:
                 self._pipeline_idle.set()
+
+    def _confirm_entry(self, entry: _Entry) -> None:
+        """`entry` (taken off the FIFO, its appends finished): confirm it, with every following
+        entry already done and successful; or nack it, or fail the channel."""
+        failure = entry.error or self._failure(entry)
+        if self.state != "open":
+            return   # the channel closed: no confirm may be sent any more
+        if failure is None:
+            if entry.tag is not None:
+                # Coalesce: every following entry already done and successful.
+                last = entry.tag
+                while (self._pipeline and self._pipeline[0].tag is not None and self._pipeline[0].error is None
+                       and all(t.done() for t in self._pipeline[0].tasks)
+                       and self._failure(self._pipeline[0]) is None):
+                    last = self._pipeline.popleft().tag
+                self.conn.write(framing.method_frame(self.id, Basic.Ack(last, last != entry.tag)))
+        elif isinstance(failure, AMQPError):
+            self.fail(failure)
+        else:
+            if entry.tag is not None:
+                self.conn.write(framing.method_frame(self.id, Basic.Nack(entry.tag, False, False)))
+            else:
+                log.warning("amqp091 %s channel %d: publish failed (no confirms to tell the client): %s",
+                            self.conn.name, self.id, failure)
 
     def _failure(self, entry: _Entry) -> AMQPError | BaseException | None:
         """None when every append committed; an AMQPError the channel closes with (the client

@@ -57,6 +57,7 @@ from fluxpg.protocols.appends import OrderedPublisher
 from fluxpg.protocols.errors import reply_for
 from fluxpg.protocols.settle import Settler
 from fluxpg.errors import FluxError, InvalidArgument, PayloadTooLarge, QueueFull, UnknownQueue, WrongQueueKind
+from fluxpg.protocols.reads import AGAIN, STAY, InlineReader
 from fluxpg.protocols.writes import CoalescingWriter
 from fluxpg.topics import ack_verb, is_queue_topic, parse_queue_topic, split_queue_subscription, topic_matches
 
@@ -758,6 +759,7 @@ class Connection:
         self.closing = False
         self.end_reason = "eof"         # eof | normal | will | error | takeover | keepalive
         self.last_rx = 0.0
+        self._loop = asyncio.get_running_loop()
         self.closed = asyncio.Event()
         self._pipeline: asyncio.Queue[_Item] = asyncio.Queue(maxsize=options.pipeline_depth)
         # Items pushed and not finished yet (queued or being worked on). At 0 an answer that
@@ -1232,6 +1234,15 @@ class Connection:
         bounds = getattr(self.ctx.config, "bounds", None)
         frame_timeout = bounds.frame_timeout.total_seconds() if bounds is not None else 0.0
         started: float | None = None
+        # TCP and TLS: no StreamReader from here on. While this loop waits for input with no
+        # partial packet buffered it is parked, and the transport's data_received decodes and
+        # handles the packets itself (_consume), waking the loop only for what must be awaited
+        # (fluxpg/protocols/reads.py). The same steps, in the same order, as the loop below.
+        raw = getattr(self.writer, "_writer", self.writer).transport
+        park = None
+        if InlineReader.usable(reader, raw):
+            reader = self.reader = InlineReader(reader, raw, self._consume)
+            park = reader.park
         # Bytes that came with the CONNECT may already hold further packets: decode before reading.
         while not self.closing:
             decoded = False
@@ -1275,6 +1286,12 @@ class Connection:
                 started = None
             elif decoded or started is None or paused:
                 started = loop.time()   # the broker's pause is not the client's slowness
+            if park is not None and started is None:
+                token = await park()
+                if token is not None:
+                    if token is not AGAIN:
+                        await token     # a handler's awaitable, as `await result` above
+                    continue
             if started is not None and frame_timeout:
                 try:
                     data = await asyncio.wait_for(reader.read(65536), max(0.0, started + frame_timeout - loop.time()))
@@ -1288,20 +1305,62 @@ class Connection:
             if not data or self.closing:
                 return
             self.last_rx = loop.time()
-            decoder.feed(data)
-            grown = decoder.buffered - self._partial
-            if grown > 0:
-                if self.inbound_held:
-                    # Read already; publishes being committed will free room: the next read
-                    # waits for that if this passes the bound.
-                    inbound.charge(grown)
-                else:
-                    refused = inbound.reserve(grown)
-                    if refused is not None:
-                        log.info("MQTT %s: packet refused: %s", self.client_id, refused)
-                        self._shutdown(RC.QUOTA_EXCEEDED, "inbound bytes over the broker's bound", end="error")
-                        return
-                self._partial += grown
+            if not self._took(data):
+                return
+
+    def _took(self, data: bytes) -> bool:
+        """Bytes read: into the decoder, charged to the inbound bounds; False when refused (the
+        connection is being shut down)."""
+        decoder = self.decoder
+        decoder.feed(data)
+        grown = decoder.buffered - self._partial
+        if grown > 0:
+            inbound = self.inbound
+            if self.inbound_held:
+                # Read already; publishes being committed will free room: the next read
+                # waits for that if this passes the bound.
+                inbound.charge(grown)
+            else:
+                refused = inbound.reserve(grown)
+                if refused is not None:
+                    log.info("MQTT %s: packet refused: %s", self.client_id, refused)
+                    self._shutdown(RC.QUOTA_EXCEEDED, "inbound bytes over the broker's bound", end="error")
+                    return False
+            self._partial += grown
+        return True
+
+    def _consume(self, data: bytes) -> Any:
+        """Input that arrived while the read loop is parked (InlineReader.data_received): what
+        one turn of _read_packets does with it -- charge it, decode and handle the complete
+        packets -- without waking the loop. Returns STAY, or what the loop must do: await a
+        handler's awaitable, or go round (AGAIN: a partial packet for the frame timeout, a full
+        write buffer to drain, the inbound bound to wait at, the connection closing)."""
+        if self.closing:
+            return AGAIN
+        self.last_rx = self._loop.time()
+        if not self._took(data):
+            return AGAIN
+        decoder = self.decoder
+        inbound = self.inbound
+        handlers = self._HANDLERS
+        while not self.closing:
+            pkt = decoder.next_packet()
+            if pkt is None:
+                break
+            self._packet_size = decoder.last_size
+            handler = handlers.get(type(pkt))
+            if handler is None:
+                raise ProtocolError(f"a client must not send {type(pkt).__name__.upper()}")
+            result = handler(self, pkt)
+            self._packet_size = 0
+            if result is not None:
+                self._sync_partial(inbound)
+                return result
+        self._sync_partial(inbound)
+        if (self.closing or decoder.buffered or self.transport.get_write_buffer_size() > 65536
+                or (self.inbound_held and inbound.over)):
+            return AGAIN
+        return STAY
 
     async def _watch_keep_alive(self) -> None:
         loop = asyncio.get_running_loop()

@@ -1247,7 +1247,7 @@ class Connection:
         while not self.closing:
             decoded = False
             while not self.closing:
-                pkt = decoder.next_packet()
+                pkt = decoder.next_fast()
                 if pkt is None:
                     break
                 decoded = True
@@ -1256,10 +1256,7 @@ class Connection:
                 # charge follows the decoding (_sync_partial) before a charge and before this
                 # task waits -- the only points where the counts are looked at -- not per packet.
                 self._packet_size = decoder.last_size
-                handler = self._HANDLERS.get(type(pkt))
-                if handler is None:
-                    raise ProtocolError(f"a client must not send {type(pkt).__name__.upper()}")
-                result = handler(self, pkt)
+                result = self._handle(pkt)
                 self._packet_size = 0
                 if result is not None:
                     self._sync_partial(inbound)
@@ -1308,6 +1305,19 @@ class Connection:
             if not self._took(data):
                 return
 
+    def _handle(self, pkt: Any) -> Any:
+        """Dispatch one packet of Decoder.next_fast(): the tuple of a PUBLISH without properties,
+        the packet id of a plain PUBACK, or a packet object."""
+        t = type(pkt)
+        if t is tuple:
+            return self._on_plain_publish(*pkt)
+        if t is int:
+            return self._on_puback_id(pkt)
+        handler = self._HANDLERS.get(t)
+        if handler is None:
+            raise ProtocolError(f"a client must not send {t.__name__.upper()}")
+        return handler(self, pkt)
+
     def _took(self, data: bytes) -> bool:
         """Bytes read: into the decoder, charged to the inbound bounds; False when refused (the
         connection is being shut down)."""
@@ -1341,17 +1351,24 @@ class Connection:
         if not self._took(data):
             return AGAIN
         decoder = self.decoder
+        next_fast = decoder.next_fast
         inbound = self.inbound
         handlers = self._HANDLERS
         while not self.closing:
-            pkt = decoder.next_packet()
+            pkt = next_fast()
             if pkt is None:
                 break
             self._packet_size = decoder.last_size
-            handler = handlers.get(type(pkt))
-            if handler is None:
-                raise ProtocolError(f"a client must not send {type(pkt).__name__.upper()}")
-            result = handler(self, pkt)
+            t = type(pkt)
+            if t is tuple:
+                result = self._on_plain_publish(*pkt)
+            elif t is int:
+                result = self._on_puback_id(pkt)
+            else:
+                handler = handlers.get(t)
+                if handler is None:
+                    raise ProtocolError(f"a client must not send {t.__name__.upper()}")
+                result = handler(self, pkt)
             self._packet_size = 0
             if result is not None:
                 self._sync_partial(inbound)
@@ -1480,6 +1497,25 @@ class Connection:
             msg = Message(topic, p.payload, qos, p.retain, _message_props(props), _expiry(props), self.client_id)
         else:
             msg = Message(topic, p.payload, qos, p.retain, {}, None, self.client_id)
+        return self._route(msg, qos, pid)
+
+    def _on_plain_publish(self, topic: str, payload: bytes, qos: int, retain: bool, dup: bool, pid: int | None):
+        """_on_publish for a PUBLISH without properties (Decoder.next_fast's tuple): the same
+        steps for a QoS 0/1 publish to a plain topic, without the Publish and Properties objects;
+        QoS 2 and `$` topics (queues, reserved) take _on_publish."""
+        if qos == 2 or topic[0] == "$":
+            return self._on_publish(Publish(topic, payload, qos, retain, dup, pid, Properties()))
+        if qos:
+            if self.version == MQTT_5 and self.inbound_unacked >= self.opt.receive_maximum:
+                raise _Close(RC.RECEIVE_MAXIMUM_EXCEEDED, "receive maximum exceeded")
+            self.inbound_unacked += 1
+        if not self._allowed("publish", topic):
+            return self._refuse(Publish(topic, b"", qos, retain, dup, pid), RC.NOT_AUTHORIZED,
+                                f"not allowed to publish to {topic!r}")
+        return self._route(Message(topic, payload, qos, retain, {}, None, self.client_id), qos, pid)
+
+    def _route(self, msg: Message, qos: int, pid: int | None):
+        """A publish to a plain topic, checked: to the router, then its PUBACK/PUBREC."""
         fut = self.router.publish(msg)
         if fut is not None:
             self._hold_inbound([fut])   # retained store / relay / session rows hold the payload
@@ -1500,13 +1536,12 @@ class Connection:
             if not self.closing:
                 self.writer.write(encode_ack_ok(0x40 if qos == 1 else 0x50, pid))
             return None
-        return self._push(fut, self._answer(p, "pub/sub"))
+        return self._push(fut, self._answer(msg.topic, qos, pid, "pub/sub"))
 
-    def _answer(self, p: Publish, what: str):
+    def _answer(self, topic: str, qos: int, pid: int, what: str):
         """The PUBACK/PUBREC for a publish once its awaitable finished (or failed). A successful
         QoS 1 publish is answered with the encoded PUBACK (bytes: no Puback and Properties
         objects, the same bytes); the answer keeps the topic, QoS and packet id, not the payload."""
-        topic, qos, pid = p.topic, p.qos, p.packet_id
 
         def answer(_result: Any, exc: BaseException | None) -> Any:
             if exc is None:
@@ -1555,7 +1590,7 @@ class Connection:
         if p.qos == 0:
             task.add_done_callback(_log_failure)
             return None
-        return self._push(task, self._answer(p, "queue"))
+        return self._push(task, self._answer(p.topic, p.qos, p.packet_id, "queue"))
 
     def _on_queue_ack(self, p: Publish, topic: str, queue: str, verb: str):
         up = dict(p.properties.user_properties) if self.v5 else {}
@@ -1587,16 +1622,19 @@ class Connection:
         if p.qos == 0:
             task.add_done_callback(_log_failure)
             return None
-        return self._push(task, self._answer(p, f"${verb}"))
+        return self._push(task, self._answer(p.topic, p.qos, p.packet_id, f"${verb}"))
 
     # -- acknowledgements of our deliveries --
 
     def _on_puback(self, p: Puback) -> None:
+        self._on_puback_id(p.packet_id)
+
+    def _on_puback_id(self, pid: int) -> None:
         sess = self.session
-        out = sess.inflight.pop(p.packet_id, None)
+        out = sess.inflight.pop(pid, None)
         if out is None:
             # Mosquitto does the same: a stale PUBACK (e.g. crossing a resend) is harmless.
-            log.debug("MQTT %s: PUBACK for unknown packet id %d ignored", self.client_id, p.packet_id)
+            log.debug("MQTT %s: PUBACK for unknown packet id %d ignored", self.client_id, pid)
             return
         if out.qref is not None and not self.v5:
             self._ack_delivery(out)

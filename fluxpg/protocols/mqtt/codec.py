@@ -503,9 +503,26 @@ def _publish_head(topic: str, qos: int, retain: bool, packet_id: int | None) -> 
     return first, t
 
 
+_pack_BBB = struct.Struct(">BBB").pack
+_pack_HB = struct.Struct(">HB").pack
+
+
 def encode_publish_plain(topic: str, payload: bytes, qos: int, retain: bool, packet_id: int | None,
                          version: int) -> bytes:
     """encode(Publish(topic, payload, qos, retain, False, packet_id, Properties()), version)."""
+    t = _topic_cache.get(topic)
+    if t is not None and qos == 1 and isinstance(packet_id, int) and 1 <= packet_id <= 0xFFFF:
+        # The usual delivery: a known topic, QoS 1, a body of 128 B .. 16 KiB -- the same bytes
+        # as below, in one join.
+        n = len(t) + len(payload)
+        if version == MQTT_5:
+            n += 3
+            tail = _pack_HB(packet_id, 0)
+        else:
+            n += 2
+            tail = _pack_H(packet_id)
+        if 0x80 <= n < 0x4000:
+            return b"".join((_pack_BBB(0x33 if retain else 0x32, (n & 0x7F) | 0x80, n >> 7), t, tail, payload))
     first, head = _publish_head(topic, qos, retain, packet_id)
     if version == MQTT_5:
         head += b"\x00"

@@ -813,11 +813,12 @@ class Connection:
             return False    # a QoS 0 message may be dropped (§4.3.1); the client is not reading
         topic = msg.topic
         props = msg.props
-        plain = not self.v5 or (msg.expires_at is None and not out.sub_ids and not self.client_alias_max)
-        if plain and (not props or not self.v5 or (len(props) == 1 and "user_properties" in props)):
+        v5 = self.version == MQTT_5
+        plain = not v5 or (msg.expires_at is None and not out.sub_ids and not self.client_alias_max)
+        if plain and (not props or not v5 or (len(props) == 1 and "user_properties" in props)):
             # Nothing, or only user properties (queue deliveries), to put in properties:
             # encode(Publish(...)) byte for byte, without objects.
-            if props and self.v5:
+            if props and v5:
                 data = encode_publish_users(topic, msg.payload, out.qos, out.retain, out.pid or None,
                                             props["user_properties"])
             else:
@@ -1509,7 +1510,9 @@ class Connection:
             if self.version == MQTT_5 and self.inbound_unacked >= self.opt.receive_maximum:
                 raise _Close(RC.RECEIVE_MAXIMUM_EXCEEDED, "receive maximum exceeded")
             self.inbound_unacked += 1
-        if not self._allowed("publish", topic):
+        principal = self.principal
+        if principal is not None and principal.permissions is not None and not self._allowed("publish", topic):
+            # (no principal or no permissions: authorize() allows everything)
             return self._refuse(Publish(topic, b"", qos, retain, dup, pid), RC.NOT_AUTHORIZED,
                                 f"not allowed to publish to {topic!r}")
         return self._route(Message(topic, payload, qos, retain, {}, None, self.client_id), qos, pid)

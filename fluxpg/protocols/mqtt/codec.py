@@ -698,6 +698,8 @@ class Decoder:
         buf = self._buf
         n = len(buf)
         if n < 4 or self._error is not None or self.version is None:
+            if not n and self._error is None:
+                return None     # the usual end of a read: nothing left
             return self.next_packet()
         first = buf[0]
         if first == 0x40:

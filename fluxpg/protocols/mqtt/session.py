@@ -727,6 +727,8 @@ class Connection:
             writer = CoalescingWriter(writer)
         self.writer = writer
         self.transport = writer.transport
+        # The write buffer's size in one call where it is looked at per read (CoalescingWriter).
+        self._write_buffered = getattr(writer, "buffer_size", None) or self.transport.get_write_buffer_size
         self.ctx = ctx
         self.manager = ctx.manager
         self.router = router
@@ -1375,7 +1377,7 @@ class Connection:
                 self._sync_partial(inbound)
                 return result
         self._sync_partial(inbound)
-        if (self.closing or decoder.buffered or self.transport.get_write_buffer_size() > 65536
+        if (self.closing or decoder.buffered or self._write_buffered() > 65536
                 or (self.inbound_held and inbound.over)):
             return AGAIN
         return STAY

@@ -141,6 +141,8 @@ def main() -> None:
     ap.add_argument("--pika", type=int, default=300, help="amqp091: messages of the pika confirm-each run")
     ap.add_argument("--rabbitmq", default="amqp://guest:guest@127.0.0.1:5672/")
     ap.add_argument("--mosquitto", default="127.0.0.1:1883")
+    ap.add_argument("--inflight", type=int, default=100,
+                    help="mqtt: the publisher's in-flight window (fewer: fewer packets per read, as on a quiet machine)")
     ap.add_argument("--batch", type=int, default=100, help="sql: messages per call")
     ap.add_argument("--clients", type=int, default=4, help="sql: concurrent producers / consumers")
     ap.add_argument("--pgmq-sql", default=os.environ.get("PGMQ_SQL"),

@@ -215,14 +215,15 @@ def one_round(side: str, target: tuple[str, int], meter: Meter, args) -> dict[st
     host, port = target
     out = {}
     rows = getattr(args, "rows", None) or ("queue", "pubsub")
+    inflight = getattr(args, "inflight", None) or 100
     if side.startswith("fluxpg"):
         if "queue" in rows:
-            out["queue"] = queue(host, port, args.messages, meter)
+            out["queue"] = queue(host, port, args.messages, meter, inflight)
         if "pubsub" in rows:
-            out["pubsub"] = pubsub(host, port, args.messages, meter)
+            out["pubsub"] = pubsub(host, port, args.messages, meter, inflight)
     else:
         # The peer's plain pub/sub is the comparison of both rows: always run.
-        out["pubsub"] = pubsub(host, port, args.messages, meter)
+        out["pubsub"] = pubsub(host, port, args.messages, meter, inflight)
     return out
 
 

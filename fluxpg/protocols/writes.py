@@ -21,26 +21,33 @@ class CoalescingWriter:
 
     def __init__(self, writer: asyncio.StreamWriter):
         self._writer = writer
+        self._raw = writer.transport    # StreamWriter.write is transport.write
+        # The loop is looked up once: asyncio.get_running_loop() is a getpid() system call per
+        # call on Python < 3.12 (its fork check), i.e. one per connection per loop turn.
+        self._loop = asyncio.get_running_loop()
         self._pending: list[bytes] = []
         self._pending_bytes = 0
         self.transport = _TransportView(self, writer.transport)
 
     def write(self, data: bytes) -> None:
-        if not self._pending:
-            asyncio.get_running_loop().call_soon(self.flush)
-        self._pending.append(data)
+        pending = self._pending
+        if not pending:
+            self._loop.call_soon(self.flush)
+        pending.append(data)
         self._pending_bytes += len(data)
 
     def flush(self) -> None:
-        if not self._pending:
+        pending = self._pending
+        if not pending:
             return
-        data = self._pending[0] if len(self._pending) == 1 else b"".join(self._pending)
-        self._pending.clear()
+        data = pending[0] if len(pending) == 1 else b"".join(pending)
+        pending.clear()
         self._pending_bytes = 0
-        if self._writer.is_closing():
+        raw = self._raw
+        if raw.is_closing():
             return   # closed or aborted meanwhile: the bytes had nowhere to go before either
         try:
-            self._writer.write(data)
+            raw.write(data)
         except (RuntimeError, ConnectionError):
             pass   # after write_eof / a lost connection: dropped, as a direct write would be
 

@@ -23,7 +23,7 @@ from fluxpg.protocols.amqp091.properties import delivery_properties, headers_fro
 from fluxpg.protocols.amqp10 import messages as amqp10_messages
 from fluxpg.protocols.amqp10.engine import ProtonEngine
 from fluxpg.protocols.amqp10.framegate import FrameGate
-from fluxpg.protocols.mqtt.codec import Decoder, encode
+from fluxpg.protocols.mqtt.codec import Decoder, Properties, Puback, Publish, encode
 from fluxpg.protocols.mqtt.reasons import MQTTError
 from fluxpg.protocols.wsframes import FrameScanner
 
@@ -53,9 +53,28 @@ def mqtt(data: bytes) -> None:
     version = (None, 4, 5, 3)[data[0] % 4]
     dec = Decoder(max_packet_size=1 << 20, version=version)
     dec.feed(data[1:])
-    for pkt in dec:
-        # What we decode we must be able to encode again (the broker echoes/forwards packets).
-        encode(pkt, dec.version or 5)
+    slow = []
+    try:
+        for pkt in dec:
+            # What we decode we must be able to encode again (the broker echoes/forwards packets).
+            encode(pkt, dec.version or 5)
+            slow.append(pkt)
+    finally:
+        # The broker's read loop decodes with next_fast (tuples for PUBLISH without properties,
+        # ints for plain PUBACKs): the same packets, and the same error at the same place.
+        fast_dec = Decoder(max_packet_size=1 << 20, version=version)
+        fast_dec.feed(data[1:])
+        fast = []
+        try:
+            while (pkt := fast_dec.next_fast()) is not None:
+                if type(pkt) is tuple:
+                    pkt = Publish(*pkt, Properties())
+                elif type(pkt) is int:
+                    pkt = Puback(pkt)
+                fast.append(pkt)
+        except MQTTError:
+            pass
+        assert fast == slow[:len(fast)] and len(fast) >= len(slow), "next_fast differs from next_packet"
 
 
 # --------------------------------------------------------------------------- AMQP 0-9-1

@@ -133,3 +133,98 @@ def test_publish_with_user_properties_is_byte_identical(topic, payload, qos, ret
     assert _outcome(lambda: codec.encode_publish_users(topic, payload, qos, retain, pid, users)) == slow
     # Twice: names and topic from the caches.
     assert _outcome(lambda: codec.encode_publish_users(topic, payload, qos, retain, pid, users)) == slow
+
+
+# -- Decoder.next_fast: the broker read loop's decoder gives the same packets as next_packet --
+
+def _packet_bytes(draw_publish, version):
+    topic, payload, qos, retain, dup, pid, props = draw_publish
+    try:
+        return encode(Publish(topic, payload, qos, retain, dup, pid, props), version)
+    except (ValueError, codec.MQTTError):
+        return b""
+
+
+publish_props = st.one_of(st.just(Properties()), st.just(Properties()),
+                          st.builds(lambda u: Properties(user_properties=u),
+                                    st.lists(st.tuples(st.text(max_size=5), st.text(max_size=5)), max_size=2)),
+                          st.builds(lambda a: Properties(topic_alias=a), st.integers(1, 5)))
+publishes = st.tuples(st.one_of(st.text(max_size=12), st.sampled_from(["a/b", "", "a+", "#", "x\x00", "é"])),
+                      st.one_of(st.binary(max_size=40), st.sampled_from([b"x" * 120, b"x" * 200, b"x" * 20000])),
+                      st.integers(0, 2), st.booleans(), st.booleans(), st.integers(1, 65535), publish_props)
+
+
+@st.composite
+def streams(draw):
+    version = draw(st.sampled_from(VERSIONS))
+    parts = []
+    for kind in draw(st.lists(st.sampled_from(["pub", "pub", "rawpub", "puback", "ack", "raw"]), max_size=8)):
+        if kind == "rawpub":
+            # What encode() refuses to write: wildcards, NUL, bad UTF-8, empty topics, zero ids,
+            # QoS 3, DUP on QoS 0, property bytes that are not 0.
+            first = 0x30 | draw(st.integers(0, 15))
+            topic = draw(st.one_of(st.sampled_from([b"a/+", b"#", b"a\x00", b"\xff", b"", b"ok"]), st.binary(max_size=4)))
+            body = len(topic).to_bytes(2, "big") + topic + draw(st.sampled_from([b"", b"\x00", b"\x00\x01", b"\x00\x00"]))
+            if version == 5:
+                body += draw(st.sampled_from([b"\x00", b"\x01", b"\x03\x23\x00\x01"]))
+            body += draw(st.binary(max_size=6))
+            parts.append(bytes((first,)) + codec.encode_varint(len(body)) + body)
+        elif kind == "pub":
+            pub = draw(publishes)
+            qos = pub[2]
+            pub = (pub[0], pub[1], qos, pub[3], pub[4] and qos > 0, pub[5] if qos else None, pub[6])
+            parts.append(_packet_bytes(pub, version))
+        elif kind == "puback":
+            parts.append(encode_ack_ok(0x40, draw(st.integers(1, 65535))))
+        elif kind == "ack":
+            parts.append(bytes((draw(st.sampled_from([0x40, 0x50, 0x62, 0x70])),)) + draw(st.binary(max_size=5)))
+        else:
+            parts.append(draw(st.binary(max_size=12)))
+    data = bytearray(b"".join(parts))
+    for _ in range(draw(st.integers(0, 2))):      # mutations
+        if data:
+            i = draw(st.integers(0, len(data) - 1))
+            data[i] = draw(st.integers(0, 255))
+    cuts = sorted(draw(st.lists(st.integers(0, len(data)), max_size=4)))
+    chunks = [bytes(data[a:b]) for a, b in zip([0, *cuts], [*cuts, len(data)])]
+    max_size = draw(st.sampled_from([codec.MAX_PACKET_SIZE, 4, 64, 300]))
+    return version, chunks, max_size
+
+
+def _run(version, chunks, max_size, fast):
+    d = Decoder(max_packet_size=max_size, version=version)
+    out = []
+    for chunk in chunks:
+        d.feed(chunk)
+        while True:
+            try:
+                pkt = d.next_fast() if fast else d.next_packet()
+            except Exception as exc:  # noqa: BLE001 - compared
+                out.append((type(exc), getattr(exc, "reason_code", None), str(exc)))
+                return out
+            if pkt is None:
+                break
+            if type(pkt) is tuple:
+                pkt = Publish(*pkt, Properties())
+            elif type(pkt) is int:
+                pkt = Puback(pkt, codec.ReasonCode.SUCCESS, Properties())
+            out.append((pkt, d.last_size, d.buffered))
+    return out
+
+
+@settings(max_examples=1500, deadline=None)
+@given(streams())
+def test_next_fast_decodes_as_next_packet(stream):
+    version, chunks, max_size = stream
+    assert _run(version, chunks, max_size, True) == _run(version, chunks, max_size, False)
+
+
+def test_next_fast_takes_the_plain_shapes():
+    for version in VERSIONS:
+        d = Decoder(version=version)
+        d.feed(encode_publish_plain("a/b", b"x" * 300, 1, True, 7, version) + encode_ack_ok(0x40, 9)
+               + encode_publish_plain("c", b"", 0, False, None, version))
+        assert d.next_fast() == ("a/b", b"x" * 300, 1, True, False, 7)
+        assert d.next_fast() == 9
+        assert d.next_fast() == ("c", b"", 0, False, False, None)
+        assert d.next_fast() is None and d.buffered == 0

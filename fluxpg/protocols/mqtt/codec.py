@@ -503,9 +503,26 @@ def _publish_head(topic: str, qos: int, retain: bool, packet_id: int | None) -> 
     return first, t
 
 
+_pack_BBB = struct.Struct(">BBB").pack
+_pack_HB = struct.Struct(">HB").pack
+
+
 def encode_publish_plain(topic: str, payload: bytes, qos: int, retain: bool, packet_id: int | None,
                          version: int) -> bytes:
     """encode(Publish(topic, payload, qos, retain, False, packet_id, Properties()), version)."""
+    t = _topic_cache.get(topic)
+    if t is not None and qos == 1 and isinstance(packet_id, int) and 1 <= packet_id <= 0xFFFF:
+        # The usual delivery: a known topic, QoS 1, a body of 128 B .. 16 KiB -- the same bytes
+        # as below, in one join.
+        n = len(t) + len(payload)
+        if version == MQTT_5:
+            n += 3
+            tail = _pack_HB(packet_id, 0)
+        else:
+            n += 2
+            tail = _pack_H(packet_id)
+        if 0x80 <= n < 0x4000:
+            return b"".join((_pack_BBB(0x33 if retain else 0x32, (n & 0x7F) | 0x80, n >> 7), t, tail, payload))
     first, head = _publish_head(topic, qos, retain, packet_id)
     if version == MQTT_5:
         head += b"\x00"
@@ -670,6 +687,76 @@ class Decoder:
             self._error = e
             self._buf = bytearray()  # drop the input; views into the old buffer may linger
             raise
+
+    def next_fast(self) -> Packet | tuple | int | None:
+        """next_packet() for the broker's read loop, without objects for the two packets of every
+        QoS 1 message: a PUBLISH without properties comes as the tuple (topic, payload, qos,
+        retain, dup, packet_id) -- its Publish(..., Properties()) -- and a PUBACK of packet id only
+        as that int -- its Puback(packet_id, SUCCESS, Properties()). Anything else, and every
+        packet the general parser would refuse, goes through next_packet() (same packets, same
+        errors; tests/unit/test_mqtt_fastcodec.py compares the two with hypothesis)."""
+        buf = self._buf
+        n = len(buf)
+        if n < 4 or self._error is not None or self.version is None:
+            if not n and self._error is None:
+                return None     # the usual end of a read: nothing left
+            return self.next_packet()
+        first = buf[0]
+        if first == 0x40:
+            if buf[1] == 2 and self.max_packet_size >= 4:
+                pid = (buf[2] << 8) | buf[3]
+                if pid:
+                    if n == 4:
+                        buf.clear()
+                    else:
+                        del buf[:4]
+                    self.last_size = 4
+                    return pid
+            return self.next_packet()
+        if first & 0xF0 != 0x30 or first & 0x06 == 0x06:
+            return self.next_packet()
+        b = buf[1]
+        if b < 0x80:            # remaining length in one byte or two (bodies up to 16 KiB)
+            i = 2
+            total = b + 2
+        elif buf[2] < 0x80:
+            i = 3
+            total = ((b & 0x7F) | (buf[2] << 7)) + 3
+        else:
+            return self.next_packet()
+        if n < total or total > self.max_packet_size or total < i + 3:
+            return self.next_packet()
+        stop = i + 2 + ((buf[i] << 8) | buf[i + 1])
+        qos = (first >> 1) & 0x03
+        pos = stop + 2 if qos else stop
+        v5 = self.version == MQTT_5
+        if stop == i + 2 or pos + v5 > total:
+            return self.next_packet()
+        if qos:
+            pid = (buf[stop] << 8) | buf[stop + 1]
+            if not pid:
+                return self.next_packet()
+        elif first & 0x08:
+            return self.next_packet()
+        else:
+            pid = None
+        if v5:
+            if buf[pos]:
+                return self.next_packet()       # properties: the general parser
+            pos += 1
+        try:
+            topic = buf[i + 2:stop].decode()
+        except UnicodeDecodeError:
+            return self.next_packet()
+        if "+" in topic or "#" in topic or "\x00" in topic:
+            return self.next_packet()
+        payload = bytes(buf[pos:total])
+        if total == n:
+            buf.clear()
+        else:
+            del buf[:total]
+        self.last_size = total
+        return (topic, payload, qos, bool(first & 0x01), bool(first & 0x08), pid)
 
     def _next(self) -> Packet | None:
         buf = self._buf

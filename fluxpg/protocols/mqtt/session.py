@@ -57,6 +57,7 @@ from fluxpg.protocols.appends import OrderedPublisher
 from fluxpg.protocols.errors import reply_for
 from fluxpg.protocols.settle import Settler
 from fluxpg.errors import FluxError, InvalidArgument, PayloadTooLarge, QueueFull, UnknownQueue, WrongQueueKind
+from fluxpg.protocols.reads import AGAIN, STAY, InlineReader
 from fluxpg.protocols.writes import CoalescingWriter
 from fluxpg.topics import ack_verb, is_queue_topic, parse_queue_topic, split_queue_subscription, topic_matches
 
@@ -726,6 +727,8 @@ class Connection:
             writer = CoalescingWriter(writer)
         self.writer = writer
         self.transport = writer.transport
+        # The write buffer's size in one call where it is looked at per read (CoalescingWriter).
+        self._write_buffered = getattr(writer, "buffer_size", None) or self.transport.get_write_buffer_size
         self.ctx = ctx
         self.manager = ctx.manager
         self.router = router
@@ -758,6 +761,7 @@ class Connection:
         self.closing = False
         self.end_reason = "eof"         # eof | normal | will | error | takeover | keepalive
         self.last_rx = 0.0
+        self._loop = asyncio.get_running_loop()
         self.closed = asyncio.Event()
         self._pipeline: asyncio.Queue[_Item] = asyncio.Queue(maxsize=options.pipeline_depth)
         # Items pushed and not finished yet (queued or being worked on). At 0 an answer that
@@ -811,11 +815,12 @@ class Connection:
             return False    # a QoS 0 message may be dropped (§4.3.1); the client is not reading
         topic = msg.topic
         props = msg.props
-        plain = not self.v5 or (msg.expires_at is None and not out.sub_ids and not self.client_alias_max)
-        if plain and (not props or not self.v5 or (len(props) == 1 and "user_properties" in props)):
+        v5 = self.version == MQTT_5
+        plain = not v5 or (msg.expires_at is None and not out.sub_ids and not self.client_alias_max)
+        if plain and (not props or not v5 or (len(props) == 1 and "user_properties" in props)):
             # Nothing, or only user properties (queue deliveries), to put in properties:
             # encode(Publish(...)) byte for byte, without objects.
-            if props and self.v5:
+            if props and v5:
                 data = encode_publish_users(topic, msg.payload, out.qos, out.retain, out.pid or None,
                                             props["user_properties"])
             else:
@@ -1232,11 +1237,20 @@ class Connection:
         bounds = getattr(self.ctx.config, "bounds", None)
         frame_timeout = bounds.frame_timeout.total_seconds() if bounds is not None else 0.0
         started: float | None = None
+        # TCP and TLS: no StreamReader from here on. While this loop waits for input with no
+        # partial packet buffered it is parked, and the transport's data_received decodes and
+        # handles the packets itself (_consume), waking the loop only for what must be awaited
+        # (fluxpg/protocols/reads.py). The same steps, in the same order, as the loop below.
+        raw = getattr(self.writer, "_writer", self.writer).transport
+        park = None
+        if InlineReader.usable(reader, raw):
+            reader = self.reader = InlineReader(reader, raw, self._consume)
+            park = reader.park
         # Bytes that came with the CONNECT may already hold further packets: decode before reading.
         while not self.closing:
             decoded = False
             while not self.closing:
-                pkt = decoder.next_packet()
+                pkt = decoder.next_fast()
                 if pkt is None:
                     break
                 decoded = True
@@ -1245,10 +1259,7 @@ class Connection:
                 # charge follows the decoding (_sync_partial) before a charge and before this
                 # task waits -- the only points where the counts are looked at -- not per packet.
                 self._packet_size = decoder.last_size
-                handler = self._HANDLERS.get(type(pkt))
-                if handler is None:
-                    raise ProtocolError(f"a client must not send {type(pkt).__name__.upper()}")
-                result = handler(self, pkt)
+                result = self._handle(pkt)
                 self._packet_size = 0
                 if result is not None:
                     self._sync_partial(inbound)
@@ -1275,6 +1286,12 @@ class Connection:
                 started = None
             elif decoded or started is None or paused:
                 started = loop.time()   # the broker's pause is not the client's slowness
+            if park is not None and started is None:
+                token = await park()
+                if token is not None:
+                    if token is not AGAIN:
+                        await token     # a handler's awaitable, as `await result` above
+                    continue
             if started is not None and frame_timeout:
                 try:
                     data = await asyncio.wait_for(reader.read(65536), max(0.0, started + frame_timeout - loop.time()))
@@ -1288,20 +1305,82 @@ class Connection:
             if not data or self.closing:
                 return
             self.last_rx = loop.time()
-            decoder.feed(data)
-            grown = decoder.buffered - self._partial
-            if grown > 0:
-                if self.inbound_held:
-                    # Read already; publishes being committed will free room: the next read
-                    # waits for that if this passes the bound.
-                    inbound.charge(grown)
-                else:
-                    refused = inbound.reserve(grown)
-                    if refused is not None:
-                        log.info("MQTT %s: packet refused: %s", self.client_id, refused)
-                        self._shutdown(RC.QUOTA_EXCEEDED, "inbound bytes over the broker's bound", end="error")
-                        return
-                self._partial += grown
+            if not self._took(data):
+                return
+
+    def _handle(self, pkt: Any) -> Any:
+        """Dispatch one packet of Decoder.next_fast(): the tuple of a PUBLISH without properties,
+        the packet id of a plain PUBACK, or a packet object."""
+        t = type(pkt)
+        if t is tuple:
+            return self._on_plain_publish(*pkt)
+        if t is int:
+            return self._on_puback_id(pkt)
+        handler = self._HANDLERS.get(t)
+        if handler is None:
+            raise ProtocolError(f"a client must not send {t.__name__.upper()}")
+        return handler(self, pkt)
+
+    def _took(self, data: bytes) -> bool:
+        """Bytes read: into the decoder, charged to the inbound bounds; False when refused (the
+        connection is being shut down)."""
+        decoder = self.decoder
+        decoder.feed(data)
+        grown = decoder.buffered - self._partial
+        if grown > 0:
+            inbound = self.inbound
+            if self.inbound_held:
+                # Read already; publishes being committed will free room: the next read
+                # waits for that if this passes the bound.
+                inbound.charge(grown)
+            else:
+                refused = inbound.reserve(grown)
+                if refused is not None:
+                    log.info("MQTT %s: packet refused: %s", self.client_id, refused)
+                    self._shutdown(RC.QUOTA_EXCEEDED, "inbound bytes over the broker's bound", end="error")
+                    return False
+            self._partial += grown
+        return True
+
+    def _consume(self, data: bytes) -> Any:
+        """Input that arrived while the read loop is parked (InlineReader.data_received): what
+        one turn of _read_packets does with it -- charge it, decode and handle the complete
+        packets -- without waking the loop. Returns STAY, or what the loop must do: await a
+        handler's awaitable, or go round (AGAIN: a partial packet for the frame timeout, a full
+        write buffer to drain, the inbound bound to wait at, the connection closing)."""
+        if self.closing:
+            return AGAIN
+        self.last_rx = self._loop.time()
+        if not self._took(data):
+            return AGAIN
+        decoder = self.decoder
+        next_fast = decoder.next_fast
+        inbound = self.inbound
+        handlers = self._HANDLERS
+        while not self.closing:
+            pkt = next_fast()
+            if pkt is None:
+                break
+            self._packet_size = decoder.last_size
+            t = type(pkt)
+            if t is tuple:
+                result = self._on_plain_publish(*pkt)
+            elif t is int:
+                result = self._on_puback_id(pkt)
+            else:
+                handler = handlers.get(t)
+                if handler is None:
+                    raise ProtocolError(f"a client must not send {t.__name__.upper()}")
+                result = handler(self, pkt)
+            self._packet_size = 0
+            if result is not None:
+                self._sync_partial(inbound)
+                return result
+        self._sync_partial(inbound)
+        if (self.closing or decoder.buffered or self._write_buffered() > 65536
+                or (self.inbound_held and inbound.over)):
+            return AGAIN
+        return STAY
 
     async def _watch_keep_alive(self) -> None:
         loop = asyncio.get_running_loop()
@@ -1421,6 +1500,27 @@ class Connection:
             msg = Message(topic, p.payload, qos, p.retain, _message_props(props), _expiry(props), self.client_id)
         else:
             msg = Message(topic, p.payload, qos, p.retain, {}, None, self.client_id)
+        return self._route(msg, qos, pid)
+
+    def _on_plain_publish(self, topic: str, payload: bytes, qos: int, retain: bool, dup: bool, pid: int | None):
+        """_on_publish for a PUBLISH without properties (Decoder.next_fast's tuple): the same
+        steps for a QoS 0/1 publish to a plain topic, without the Publish and Properties objects;
+        QoS 2 and `$` topics (queues, reserved) take _on_publish."""
+        if qos == 2 or topic[0] == "$":
+            return self._on_publish(Publish(topic, payload, qos, retain, dup, pid, Properties()))
+        if qos:
+            if self.version == MQTT_5 and self.inbound_unacked >= self.opt.receive_maximum:
+                raise _Close(RC.RECEIVE_MAXIMUM_EXCEEDED, "receive maximum exceeded")
+            self.inbound_unacked += 1
+        principal = self.principal
+        if principal is not None and principal.permissions is not None and not self._allowed("publish", topic):
+            # (no principal or no permissions: authorize() allows everything)
+            return self._refuse(Publish(topic, b"", qos, retain, dup, pid), RC.NOT_AUTHORIZED,
+                                f"not allowed to publish to {topic!r}")
+        return self._route(Message(topic, payload, qos, retain, {}, None, self.client_id), qos, pid)
+
+    def _route(self, msg: Message, qos: int, pid: int | None):
+        """A publish to a plain topic, checked: to the router, then its PUBACK/PUBREC."""
         fut = self.router.publish(msg)
         if fut is not None:
             self._hold_inbound([fut])   # retained store / relay / session rows hold the payload
@@ -1441,13 +1541,12 @@ class Connection:
             if not self.closing:
                 self.writer.write(encode_ack_ok(0x40 if qos == 1 else 0x50, pid))
             return None
-        return self._push(fut, self._answer(p, "pub/sub"))
+        return self._push(fut, self._answer(msg.topic, qos, pid, "pub/sub"))
 
-    def _answer(self, p: Publish, what: str):
+    def _answer(self, topic: str, qos: int, pid: int, what: str):
         """The PUBACK/PUBREC for a publish once its awaitable finished (or failed). A successful
         QoS 1 publish is answered with the encoded PUBACK (bytes: no Puback and Properties
         objects, the same bytes); the answer keeps the topic, QoS and packet id, not the payload."""
-        topic, qos, pid = p.topic, p.qos, p.packet_id
 
         def answer(_result: Any, exc: BaseException | None) -> Any:
             if exc is None:
@@ -1496,7 +1595,7 @@ class Connection:
         if p.qos == 0:
             task.add_done_callback(_log_failure)
             return None
-        return self._push(task, self._answer(p, "queue"))
+        return self._push(task, self._answer(p.topic, p.qos, p.packet_id, "queue"))
 
     def _on_queue_ack(self, p: Publish, topic: str, queue: str, verb: str):
         up = dict(p.properties.user_properties) if self.v5 else {}
@@ -1528,16 +1627,19 @@ class Connection:
         if p.qos == 0:
             task.add_done_callback(_log_failure)
             return None
-        return self._push(task, self._answer(p, f"${verb}"))
+        return self._push(task, self._answer(p.topic, p.qos, p.packet_id, f"${verb}"))
 
     # -- acknowledgements of our deliveries --
 
     def _on_puback(self, p: Puback) -> None:
+        self._on_puback_id(p.packet_id)
+
+    def _on_puback_id(self, pid: int) -> None:
         sess = self.session
-        out = sess.inflight.pop(p.packet_id, None)
+        out = sess.inflight.pop(pid, None)
         if out is None:
             # Mosquitto does the same: a stale PUBACK (e.g. crossing a resend) is harmless.
-            log.debug("MQTT %s: PUBACK for unknown packet id %d ignored", self.client_id, p.packet_id)
+            log.debug("MQTT %s: PUBACK for unknown packet id %d ignored", self.client_id, pid)
             return
         if out.qref is not None and not self.v5:
             self._ack_delivery(out)

@@ -230,3 +230,50 @@ def _general_delivery_on(channel, tag_str, tag, d, frame_max):
     props, exchange, rk = amqp_props.delivery_properties(d)
     return (framing.deliver_frame(channel, tag_str, tag, d.redelivered, exchange, rk)
             + framing.content_frames(channel, props, d.payload, frame_max))
+
+
+# --- the publish side: confirms written directly, basic.publish recognised for the fast path -----
+
+from fluxpg.protocols import prescan  # noqa: E402
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 65535), st.one_of(st.integers(0, 2 ** 63 - 1), st.integers(2 ** 63, 2 ** 64 - 1),
+                                        st.integers(-2 ** 63, -1)), st.booleans())
+def test_ack_frame_equals_method_frame(channel, tag, multiple):
+    def general():
+        try:
+            return framing.method_frame(channel, commands.Basic.Ack(tag, multiple))
+        except Exception as exc:  # noqa: BLE001 - both must fail alike
+            return type(exc)
+
+    def fast():
+        try:
+            return framing.ack_frame(channel, tag, multiple)
+        except Exception as exc:  # noqa: BLE001
+            return type(exc)
+
+    assert fast() == general()
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.integers(0, 65535), st.text(max_size=60), st.text(max_size=200), st.booleans(), st.booleans(), st.data())
+def test_exact_publish_is_what_the_fast_decoder_takes(ticket, exchange, rk, mandatory, immediate, data):
+    # The decoder skips the pre-scan for exactly these payloads, and publish_method decodes them
+    # as decode_method does; anything else goes the general way (pre-scan, decode_method).
+    pub = framing._method_payload(framing.build(commands.Basic.Publish, ticket, exchange, rk, mandatory, immediate))
+    cut = data.draw(st.integers(0, len(pub)))
+    i = data.draw(st.integers(4, len(pub) - 1))
+    changed = pub[:i] + bytes([data.draw(st.integers(0, 255))]) + pub[i + 1:]
+    ack = framing._method_payload(framing.build(commands.Basic.Ack, 5, False))
+    for payload in (pub, pub[:cut], pub + b"\x00", changed, ack):
+        exact = framing._exact_publish(payload)
+        fast = framing.publish_method(payload)
+        if exact:
+            prescan.amqp091_method(payload, prescan.DEFAULT_LIMITS)   # would have passed
+        if fast is not None:
+            assert exact
+            assert _decoded(payload) == (type(fast), {s: getattr(fast, s) for s in type(fast).__slots__})
+        else:
+            assert payload[:4] != framing._PUBLISH_INDEX or _decoded(payload) == _generic(payload)
+    assert framing.publish_method(pub) is not None

@@ -568,6 +568,9 @@ class Channel:
     # ------------------------------------------------------------------ publish
 
     async def _basic_publish(self, m: Basic.Publish) -> None:
+        self._begin_publish(m)
+
+    def _begin_publish(self, m: Basic.Publish) -> None:
         exchange = self._exchange_name(m.exchange or "")
         if exchange and self.conn.exchanges.get(exchange) is None:
             # The content frames that follow are discarded while the channel is closing.
@@ -614,6 +617,15 @@ class Channel:
             self._complete()
 
     async def _on_body(self, payload: bytes) -> None:
+        self._body_frame(payload)
+        while len(self._pipeline) >= MAX_PIPELINE and self.state == "open":
+            # Stop reading until the oldest publish finished: the socket pushes back on the client.
+            head = self._pipeline[0]
+            if head.tasks:
+                await asyncio.wait(head.tasks)
+            await asyncio.sleep(0)   # let the confirmer take it off the FIFO
+
+    def _body_frame(self, payload: bytes) -> None:
         self._received += len(payload)
         if self._received > self._header.body_size:
             self._drop_partial()
@@ -621,12 +633,38 @@ class Channel:
         self._body.append(payload)
         if self._received == self._header.body_size:
             self._complete()
-        while len(self._pipeline) >= MAX_PIPELINE and self.state == "open":
-            # Stop reading until the oldest publish finished: the socket pushes back on the client.
-            head = self._pipeline[0]
-            if head.tasks:
-                await asyncio.wait(head.tasks)
-            await asyncio.sleep(0)   # let the confirmer take it off the FIFO
+
+    def fast_content(self, frame: framing.Frame) -> bool:
+        """A publish's frames (basic.publish, content header, body) from Connection.fast_frame:
+        what handle_frame does with them, without its chain of coroutines (three frames per
+        message), when no wait can be needed; False: handle_frame must take the frame. Channel
+        errors close the channel as handle_frame does; connection errors (and a FrameError)
+        propagate to the caller, which closes the connection as Connection.handle_frame does."""
+        if self.state != "open" or self.tx is not None:
+            return False
+        try:
+            if self._publish is not None:
+                if frame.type == FRAME_HEADER and self._header is None:
+                    self._on_header(framing.decode_content_header(frame.payload))
+                    return True
+                if frame.type == FRAME_BODY and self._header is not None and len(self._pipeline) < MAX_PIPELINE - 1:
+                    # (at MAX_PIPELINE _on_body waits for the oldest publish: the general path)
+                    self._body_frame(frame.payload)
+                    return True
+                return False
+            if frame.type != FRAME_METHOD:
+                return False
+            m = framing.publish_method(frame.payload)
+            if m is None:
+                return False
+            self._begin_publish(m)
+        except AMQPError as err:
+            if not err.channel:
+                raise
+            self.fail(err)
+        except FluxError as exc:
+            self.fail(_error_from_flux(exc, None))
+        return True
 
     def _complete(self) -> None:
         method, header = self._publish, self._header
@@ -822,7 +860,7 @@ class Channel:
                        and all(t.done() for t in self._pipeline[0].tasks)
                        and self._failure(self._pipeline[0]) is None):
                     last = self._pipeline.popleft().tag
-                self.conn.write(framing.method_frame(self.id, Basic.Ack(last, last != entry.tag)))
+                self.conn.write(framing.ack_frame(self.id, last, last != entry.tag))
         elif isinstance(failure, AMQPError):
             self.fail(failure)
         else:
@@ -1243,7 +1281,7 @@ class Channel:
         return seqs, done
 
     def fast_ack(self, delivery_tag: int, multiple: bool) -> bool:
-        """basic.ack from Connection.fast_ack: what _basic_ack does, when it cannot fail (an open
+        """basic.ack from Connection.fast_frame: what _basic_ack does, when it cannot fail (an open
         channel not inside a content body, no transaction, a known tag); False otherwise."""
         if self.state != "open" or self._publish is not None or self.tx is not None:
             return False

@@ -196,26 +196,35 @@ class Connection:
 
     # ------------------------------------------------------------------ frames
 
-    def fast_ack(self, frame: framing.Frame) -> bool:
-        """A basic.ack (a consumer sends one per message) handled at once, without handle_frame's
-        chain of coroutines, when nothing can make it fail; False: handle_frame must take it."""
+    def fast_frame(self, frame: framing.Frame) -> bool:
+        """The frames a client sends per message (basic.ack; basic.publish, its content header
+        and body) handled at once, without handle_frame's chain of coroutines; False: handle_frame
+        must take it. An AMQPError or FrameError raised here goes to `failed`, as in handle_frame."""
         if self.state != "open" or frame.channel == 0:
             return False
-        fields = framing.ack_fields(frame.payload)
-        if fields is None:
-            return False
         channel = self.channels.get(frame.channel)
-        return channel is not None and channel.fast_ack(*fields)
+        if channel is None:
+            return False
+        if frame.type == FRAME_METHOD:
+            fields = framing.ack_fields(frame.payload)
+            if fields is not None:
+                return channel.fast_ack(*fields)
+        return channel.fast_content(frame)
 
     async def handle_frame(self, frame: framing.Frame) -> None:
         try:
             await self._handle_frame(frame)
-        except AMQPError as err:
-            if err.channel:   # a channel error escaped its channel (cannot happen on channel 0)
-                err = connection_error(err.code, err.text, err.method)
-            await self.close_with(err)
-        except FrameError as exc:
+        except (AMQPError, FrameError) as exc:
+            await self.failed(exc)
+
+    async def failed(self, exc: AMQPError | FrameError) -> None:
+        """A connection exception raised while handling a frame: connection.close."""
+        if isinstance(exc, FrameError):
             await self.close_with(connection_error(exc.code, str(exc)))
+            return
+        if exc.channel:   # a channel error escaped its channel (cannot happen on channel 0)
+            exc = connection_error(exc.code, exc.text, exc.method)
+        await self.close_with(exc)
 
     async def _handle_frame(self, frame: framing.Frame) -> None:
         if self.state == "closing":
@@ -393,10 +402,15 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ini
             elif frames or frame_started is None:
                 frame_started = loop.time()
             for frame in frames:
-                if frame.type != FRAME_METHOD or not conn.fast_ack(frame):
+                try:
+                    if conn.fast_frame(frame):
+                        continue
+                except (AMQPError, FrameError) as exc:
+                    await conn.failed(exc)
+                else:
                     await conn.handle_frame(frame)
-                    if conn.finished:
-                        break
+                if conn.finished:
+                    break
             if decoder.error_pending and not conn.finished:
                 # Complete frames before a broken one were handled above; now the broken one.
                 try:

@@ -167,10 +167,12 @@ class FrameDecoder:
                 error = FrameError(f"frame-end byte is 0x{end:02x}, not 0xCE")
                 break
             payload = bytes(buf[pos + FRAME_HEADER_SIZE:pos + total - 1])
-            # A basic.ack of the exact size (one per consumed message) holds no table: the scan
-            # would only walk its fixed fields.
+            # A basic.ack of the exact size (one per consumed message) and a basic.publish laid
+            # out exactly (one per published message) hold no table: the scan would only walk
+            # their fixed fields.
             if (self.limits is not None and ftype in (FRAME_METHOD, FRAME_HEADER)
-                    and not (size == 13 and ftype == FRAME_METHOD and payload[:4] == _ACK_INDEX)):
+                    and not (ftype == FRAME_METHOD and ((size == 13 and payload[:4] == _ACK_INDEX)
+                                                        or _exact_publish(payload)))):
                 try:
                     prescan.amqp091_frame(ftype, payload, self.limits)
                 except prescan.DecodeLimitError as exc:
@@ -236,6 +238,25 @@ def _fast_method(payload: bytes) -> base.Frame | None:
     except (IndexError, UnicodeDecodeError, struct.error):
         return None
     return None
+
+
+def _exact_publish(payload: bytes) -> bool:
+    """A basic.publish payload whose fields end exactly at its end (what _fast_method decodes)."""
+    if payload[:4] != _PUBLISH_INDEX:
+        return False
+    n = len(payload)
+    if n < 9:   # class, method, ticket, two empty shortstrs, bits
+        return False
+    p = 7 + payload[6]
+    return p < n and p + 1 + payload[p] == n - 1
+
+
+def publish_method(payload: bytes) -> commands.Basic.Publish | None:
+    """A basic.publish payload laid out exactly as the spec says, decoded as decode_method does;
+    None for anything else (another method, or one decode_method must look at)."""
+    if payload[:4] != _PUBLISH_INDEX:
+        return None
+    return _fast_method(payload)
 
 
 def ack_fields(payload: bytes) -> tuple[int, bool] | None:
@@ -511,12 +532,25 @@ def content_frames(channel: int, properties: commands.Basic.Properties, payload:
     return b"".join(out)
 
 
+_ACK_FRAME = struct.Struct(">BHIIqBB")   # frame header, basic.ack's index, tag, bits, frame-end
+_ACK_INDEX_INT = commands.Basic.Ack.index
+
+
+def ack_frame(channel: int, delivery_tag: int, multiple: bool) -> bytes:
+    """method_frame(channel, basic.ack(delivery_tag, multiple)) written directly (a publisher
+    confirm per batch of publishes)."""
+    try:
+        return _ACK_FRAME.pack(FRAME_METHOD, channel, 13, _ACK_INDEX_INT, delivery_tag, 1 if multiple else 0, FRAME_END)
+    except struct.error:
+        return method_frame(channel, commands.Basic.Ack(delivery_tag, multiple))
+
+
 def heartbeat_frame() -> bytes:
     return _HEARTBEAT_BYTES
 
 
 __all__ = [
-    "AMQPError", "Frame", "FrameDecoder", "FrameError", "PROTOCOL_HEADER", "build", "channel_error",
+    "AMQPError", "Frame", "FrameDecoder", "FrameError", "PROTOCOL_HEADER", "ack_frame", "build", "channel_error",
     "connection_error", "content_frames", "decode_content_header", "decode_method", "deliver_frame", "heartbeat_frame",
     "method_frame",
 ]

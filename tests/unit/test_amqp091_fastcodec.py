@@ -277,3 +277,26 @@ def test_exact_publish_is_what_the_fast_decoder_takes(ticket, exchange, rk, mand
         else:
             assert payload[:4] != framing._PUBLISH_INDEX or _decoded(payload) == _generic(payload)
     assert framing.publish_method(pub) is not None
+
+
+@settings(max_examples=300, deadline=None)
+@given(properties(), st.integers(0, 2 ** 40), st.data())
+def test_generated_property_decoders_equal_the_generic_loop(props, size, data):
+    # _fast_content_header runs a decoder written out per flags word (at most _MAX_DECODERS of
+    # them), the generic loop past that: both make the same Properties or both give up.
+    try:
+        payload = header.ContentHeader(0, size, props).marshal()
+    except Exception:  # noqa: BLE001 - not encodable: nothing to decode
+        return
+    cut = data.draw(st.integers(14, max(len(payload), 14)))
+    for p in (payload, payload[:cut], payload + b"\x00"):
+        flags = struct.unpack_from(">H", p, 12)[0]
+
+        def state(fn):
+            try:
+                got = fn()
+            except Exception as exc:  # noqa: BLE001
+                return type(exc)
+            return None if got is None else {s: getattr(got, s) for s in Properties.__slots__}
+
+        assert state(lambda: framing._props_decoder(flags)(p, len(p))) == state(lambda: framing._props_generic(p, flags))

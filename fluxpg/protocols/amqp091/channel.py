@@ -69,6 +69,10 @@ MAX_PIPELINE = 2000          # publishes in flight per channel before the reader
 SERVER_MAX_BODY = 512 * 2 ** 20   # hard cap when every queue allows unlimited sizes
 DEFAULT_MAX_MESSAGE_SIZE = LimitsConfig().max_message_size
 
+# Topics published to that passed validate_topic_name and parse_queue_topic (pure checks), so a
+# publisher's next message to them skips both (≤ 1,024 topics of ≤ 512 characters).
+_VALID_TOPICS: dict[str, None] = {}
+
 # Methods a client sends without waiting for an answer: they skip the drain barrier.
 _ASYNC_METHODS = (Basic.Publish, Basic.Ack, Basic.Nack, Basic.Reject)
 
@@ -112,6 +116,7 @@ class _Entry:
     tag: int | None                 # confirm delivery tag (None: not in confirm mode)
     tasks: list[asyncio.Future] = field(default_factory=list)   # its appends (tasks or futures)
     error: AMQPError | None = None  # decided synchronously (e.g. a malformed $commit)
+    reserved: int = 0               # bytes of conn.inbound its body holds until it leaves the FIFO
 
 
 class Channel:
@@ -690,8 +695,9 @@ class Channel:
                 self.conn.inbound.release(reserved)
                 raise
             entry.error = err
-        # The body stays reserved until its appends finished (stored or failed).
-        self.conn.inbound.release_after(entry.tasks, reserved)
+        # The body stays reserved until its appends finished (stored or failed) and the confirm
+        # loop took it off the FIFO (one release there, not a done-callback per append).
+        entry.reserved = reserved
         self._pipeline.append(entry)
         self._pipeline_idle.clear()
         if self._confirmer is None or self._confirmer.done():
@@ -767,11 +773,17 @@ class Channel:
             return   # routed nowhere: confirmed (RabbitMQ acks unroutable messages)
         for topic in topics:
             self._authorize("publish", topic, m)
+            if topic in _VALID_TOPICS:
+                continue
             try:
                 validate_topic_name(topic)
                 parse_queue_topic(topic) if topic.startswith(QUEUE_PREFIX) else None
             except InvalidArgument as exc:
                 raise channel_error(PRECONDITION_FAILED, str(exc), m) from None
+            if len(topic) <= 512:
+                if len(_VALID_TOPICS) >= 1024:
+                    _VALID_TOPICS.clear()
+                _VALID_TOPICS[topic] = None
         expiration = getattr(props, "expiration", None)
         if expiration not in (None, "") and not (isinstance(expiration, str) and expiration.isdigit()):
             # As RabbitMQ: the per-message TTL is milliseconds as a decimal string.
@@ -848,7 +860,11 @@ class Channel:
 
     def _confirm_entry(self, entry: _Entry) -> None:
         """`entry` (taken off the FIFO, its appends finished): confirm it, with every following
-        entry already done and successful; or nack it, or fail the channel."""
+        entry already done and successful; or nack it, or fail the channel. The bytes of every
+        entry taken off the FIFO are released here (conn.inbound)."""
+        inbound = self.conn.inbound
+        if entry.reserved:
+            inbound.release(entry.reserved)
         failure = entry.error or self._failure(entry)
         if self.state != "open":
             return   # the channel closed: no confirm may be sent any more
@@ -856,10 +872,12 @@ class Channel:
             if entry.tag is not None:
                 # Coalesce: every following entry already done and successful.
                 last = entry.tag
-                while (self._pipeline and self._pipeline[0].tag is not None and self._pipeline[0].error is None
-                       and all(t.done() for t in self._pipeline[0].tasks)
-                       and self._failure(self._pipeline[0]) is None):
-                    last = self._pipeline.popleft().tag
+                pipeline = self._pipeline
+                while pipeline and _confirmable(pipeline[0]):
+                    done = pipeline.popleft()
+                    last = done.tag
+                    if done.reserved:
+                        inbound.release(done.reserved)
                 self.conn.write(framing.ack_frame(self.id, last, last != entry.tag))
         elif isinstance(failure, AMQPError):
             self.fail(failure)
@@ -870,7 +888,8 @@ class Channel:
                 log.warning("amqp091 %s channel %d: publish failed (no confirms to tell the client): %s",
                             self.conn.name, self.id, failure)
 
-    def _failure(self, entry: _Entry) -> AMQPError | BaseException | None:
+    @staticmethod
+    def _failure(entry: _Entry) -> AMQPError | BaseException | None:
         """None when every append committed; an AMQPError the channel closes with (the client
         sent something wrong); any other exception: a nack (nothing or not all was stored)."""
         for task in entry.tasks:
@@ -1346,6 +1365,17 @@ _HANDLERS = {
 }
 
 __all__ = ["Channel", "Consumer"]
+
+
+def _confirmable(entry: _Entry) -> bool:
+    """A confirm-mode publish whose appends all committed: confirmed with the one before it."""
+    if entry.tag is None or entry.error is not None:
+        return False
+    tasks = entry.tasks
+    if len(tasks) == 1:   # the usual case: one append
+        t = tasks[0]
+        return t.done() and not t.cancelled() and t.exception() is None
+    return all(t.done() for t in tasks) and Channel._failure(entry) is None
 
 
 def _control_group(verb: str, props) -> str | None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 from pamqp import base, commands, constants, decode, encode, header, heartbeat
 
@@ -144,10 +145,15 @@ class FrameDecoder:
         """Add bytes; return the complete frames now available (possibly none)."""
         if self._error is not None:
             raise self._error
-        if data:
-            self._buf += data
+        if not self._buf:
+            # The usual case: the read starts at a frame boundary. Frames are sliced from the
+            # read's bytes (one copy each), only a partial frame at the end is kept.
+            buf = data
+        else:
+            if data:
+                self._buf += data
+            buf = self._buf
         frames: list[Frame] = []
-        buf = self._buf
         pos = 0
         n = len(buf)
         error: FrameError | None = None
@@ -166,7 +172,9 @@ class FrameDecoder:
             if end != FRAME_END:
                 error = FrameError(f"frame-end byte is 0x{end:02x}, not 0xCE")
                 break
-            payload = bytes(buf[pos + FRAME_HEADER_SIZE:pos + total - 1])
+            payload = buf[pos + FRAME_HEADER_SIZE:pos + total - 1]
+            if type(payload) is not bytes:
+                payload = bytes(payload)
             # A basic.ack of the exact size (one per consumed message) and a basic.publish laid
             # out exactly (one per published message) hold no table: the scan would only walk
             # their fixed fields.
@@ -188,8 +196,11 @@ class FrameDecoder:
             if not frames:
                 raise error
             return frames
-        if pos:
-            del buf[:pos]
+        if buf is self._buf:
+            if pos:
+                del buf[:pos]
+        elif pos < len(buf):
+            self._buf = bytearray(buf[pos:]) if pos else bytearray(buf)
         return frames
 
     @property
@@ -306,38 +317,82 @@ _DECODE_PLAN = tuple((name, commands.Basic.Properties.flags[name], getattr(comma
 _plans: dict[int, tuple[tuple[str, str], ...]] = {}   # property flags → the fields present, in order
 
 
+def _props_decoder(flags: int):
+    """A function decoding the property fields that `flags` announces (bytes after the flags word)
+    into a Properties, written out for these flags: what the loop in _props_generic does, without
+    its per-field dispatch and setattr calls. None returned by it: not laid out exactly."""
+    present = {}
+    lines = ["def decode(payload, n):", "    p = 14"]
+    for name, flag, kind in _DECODE_PLAN:   # pamqp's slot names: identifiers, never input
+        if not flags & flag:
+            continue
+        present[name] = True
+        if kind == "shortstr":
+            lines += ["    e = p + 1 + payload[p]", "    if e > n:", "        return None",
+                      f"    v_{name} = payload[p + 1:e].decode('utf-8')", "    p = e"]
+        elif kind == "octet":
+            lines += [f"    v_{name} = payload[p]", "    p += 1"]
+        elif kind == "table":
+            lines += [f"    used, v_{name} = field_table(payload[p:])", "    p += used"]
+        else:   # timestamp
+            lines += ["    if p + 8 > n:", "        return None", f"    used, v_{name} = timestamp(payload[p:])",
+                      "    p += used"]
+    lines += ["    if p != n:", "        return None", "    props = new(Properties)"]
+    for name, default in _PROPERTY_DEFAULTS:
+        lines.append(f"    props.{name} = v_{name}" if name in present else f"    props.{name} = {default!r}")
+    lines.append("    return props")
+    scope = {"field_table": decode.field_table, "timestamp": decode.timestamp, "Properties": commands.Basic.Properties,
+             "new": commands.Basic.Properties.__new__}
+    exec("\n".join(lines), scope)   # noqa: S102 - generated from pamqp's property table only
+    return scope["decode"]
+
+
+_decoders: dict[int, Any] = {}   # property flags → _props_decoder(flags); bounded (flags come from clients)
+_MAX_DECODERS = 64
+
+
+def _props_generic(payload: bytes, flags: int) -> commands.Basic.Properties | None:
+    plan = _plans.get(flags)
+    if plan is None:
+        plan = _plans[flags] = tuple((name, kind) for name, flag, kind in _DECODE_PLAN if flags & flag)
+    props = commands.Basic.Properties.__new__(commands.Basic.Properties)   # no __init__: no validate()
+    for name, default in _PROPERTY_DEFAULTS:
+        setattr(props, name, default)
+    p = 14
+    for name, kind in plan:
+        if kind == "shortstr":
+            end = p + 1 + payload[p]
+            if end > len(payload):
+                return None
+            value = payload[p + 1:end].decode("utf-8")
+            p = end
+        elif kind == "octet":
+            value = payload[p]
+            p += 1
+        elif kind == "table":
+            used, value = decode.field_table(payload[p:])
+            p += used
+        else:   # timestamp
+            if p + 8 > len(payload):
+                return None
+            used, value = decode.timestamp(payload[p:])
+            p += used
+        setattr(props, name, value)
+    if p != len(payload):
+        return None
+    return props
+
+
 def _fast_content_header(payload: bytes) -> header.ContentHeader | None:
     try:
         class_id, weight, body_size, flags = _CONTENT_HEADER.unpack_from(payload, 0)
         if flags & 1:
             return None
-        plan = _plans.get(flags)
-        if plan is None:
-            plan = _plans[flags] = tuple((name, kind) for name, flag, kind in _DECODE_PLAN if flags & flag)
-        props = commands.Basic.Properties.__new__(commands.Basic.Properties)   # no __init__: no validate()
-        for name, default in _PROPERTY_DEFAULTS:
-            setattr(props, name, default)
-        p = 14
-        for name, kind in plan:
-            if kind == "shortstr":
-                end = p + 1 + payload[p]
-                if end > len(payload):
-                    return None
-                value = payload[p + 1:end].decode("utf-8")
-                p = end
-            elif kind == "octet":
-                value = payload[p]
-                p += 1
-            elif kind == "table":
-                used, value = decode.field_table(payload[p:])
-                p += used
-            else:   # timestamp
-                if p + 8 > len(payload):
-                    return None
-                used, value = decode.timestamp(payload[p:])
-                p += used
-            setattr(props, name, value)
-        if p != len(payload):
+        dec = _decoders.get(flags)
+        if dec is None and len(_decoders) < _MAX_DECODERS:
+            dec = _decoders[flags] = _props_decoder(flags)
+        props = dec(payload, len(payload)) if dec is not None else _props_generic(payload, flags)
+        if props is None:
             return None
     except Exception:  # noqa: BLE001 - anything odd: pamqp decides, as before
         return None

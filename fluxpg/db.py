@@ -219,9 +219,39 @@ def queries(file: str = "queries.sql") -> dict[str, str]:
 # Pool and errors
 # --------------------------------------------------------------------------------------------
 
+# json.dumps(value) for the json/jsonb parameters (every published message's headers): the same
+# text, without json.dumps' per-call work (a JSONEncoder.encode → iterencode → a C encoder built per
+# call: ~2.9 us for 3 headers, ~0.8 us this way). No cycle check in the fast call; a cyclic value
+# recurses until RecursionError, and then — as for anything else it refuses — json.dumps is called
+# and gives its own result or error.
+try:
+    from json.encoder import c_make_encoder as _c_make_encoder, encode_basestring_ascii as _ascii
+except ImportError:  # pragma: no cover - CPython has the C accelerator
+    _c_make_encoder = None
+
+
+def _not_serializable(o: Any) -> Any:
+    raise TypeError(f"Object of type {o.__class__.__name__} is not JSON serializable")
+
+
+_C_ENCODE = (_c_make_encoder(None, _not_serializable, _ascii, None, ": ", ", ", False, False, True)
+             if _c_make_encoder is not None else None)
+
+
+def json_dumps(value: Any) -> str:
+    """json.dumps(value), the same text or the same error."""
+    t = type(value)
+    if _C_ENCODE is not None and (t is dict or t is list):
+        try:
+            return "".join(_C_ENCODE(value, 0))
+        except Exception:  # noqa: BLE001 - json.dumps decides (its error, or a cycle's)
+            pass
+    return json.dumps(value)
+
+
 async def _init_connection(conn: asyncpg.Connection) -> None:
-    await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
-    await conn.set_type_codec("json", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
+    await conn.set_type_codec("jsonb", encoder=json_dumps, decoder=json.loads, schema="pg_catalog")
+    await conn.set_type_codec("json", encoder=json_dumps, decoder=json.loads, schema="pg_catalog")
 
 
 async def _reset_connection(conn: asyncpg.Connection) -> None:

@@ -33,6 +33,7 @@ FRAME_OVERHEAD = FRAME_HEADER_SIZE + 1         # header + frame-end byte
 MIN_FRAME_MAX = 4096                           # spec: frame-min-size; valid before tune-ok
 
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
+_FRAME_TYPES = frozenset((FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT))
 
 _HEADER = struct.Struct(">BHI")
 _U32 = struct.Struct(">I")
@@ -154,17 +155,21 @@ class FrameDecoder:
                 self._buf += data
             buf = self._buf
         frames: list[Frame] = []
+        append = frames.append
+        unpack = _HEADER.unpack_from
+        limits = self.limits
+        max_frame = self.max_frame
         pos = 0
         n = len(buf)
         error: FrameError | None = None
         while n - pos >= FRAME_HEADER_SIZE:
-            ftype, channel, size = _HEADER.unpack_from(buf, pos)
-            if ftype not in (FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT):
+            ftype, channel, size = unpack(buf, pos)
+            if ftype not in _FRAME_TYPES:
                 error = FrameError(f"unknown frame type {ftype}")
                 break
             total = FRAME_OVERHEAD + size
-            if self.max_frame and total > self.max_frame:
-                error = FrameError(f"frame of {total} bytes exceeds the negotiated frame-max {self.max_frame}")
+            if max_frame and total > max_frame:
+                error = FrameError(f"frame of {total} bytes exceeds the negotiated frame-max {max_frame}")
                 break
             if n - pos < total:
                 break
@@ -178,15 +183,14 @@ class FrameDecoder:
             # A basic.ack of the exact size (one per consumed message) and a basic.publish laid
             # out exactly (one per published message) hold no table: the scan would only walk
             # their fixed fields.
-            if (self.limits is not None and ftype in (FRAME_METHOD, FRAME_HEADER)
-                    and not (ftype == FRAME_METHOD and ((size == 13 and payload[:4] == _ACK_INDEX)
-                                                        or _exact_publish(payload)))):
+            if (limits is not None and (ftype == FRAME_HEADER or ftype == FRAME_METHOD and not (
+                    (size == 13 and payload[:4] == _ACK_INDEX) or _exact_publish(payload)))):
                 try:
-                    prescan.amqp091_frame(ftype, payload, self.limits)
+                    prescan.amqp091_frame(ftype, payload, limits)
                 except prescan.DecodeLimitError as exc:
                     error = FrameError(f"frame on channel {channel} refused before decoding: {exc}")
                     break
-            frames.append(Frame(ftype, channel, payload))
+            append(Frame(ftype, channel, payload))
             pos += total
         if error is not None:
             # The stream cannot be framed past this point: drop what is buffered (it is garbage

@@ -105,6 +105,7 @@ class Appender:
         self._lingering: asyncio.Future | None = None
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None   # start()'s: no get_running_loop() per submit
         self._closed = False
         # The pool connection the batches run on, held from one batch to the next: a pool
         # acquire + release per batch (asyncpg's release shields a task, with a timeout) cost
@@ -116,6 +117,7 @@ class Appender:
         self.handed = 0   # statistics: messages claimed inside an append's transaction (handoff)
 
     def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
         self._task = asyncio.create_task(self._run(), name="fluxpg-appender")
 
     async def append(self, rows: list[AppendRow]) -> list[tuple[int, int, int]]:
@@ -128,7 +130,7 @@ class Appender:
         append() returns. For front-ends that publish per message without a task each."""
         if self._closed:
             raise Unavailable("the broker is shutting down")
-        fut = asyncio.get_running_loop().create_future()
+        fut = (self._loop or asyncio.get_running_loop()).create_future()
         self._queue.append(_Request(rows, fut))
         self._queued_rows += len(rows)
         if self._lingering is not None and self._queued_rows >= LINGER_ROWS and not self._lingering.done():

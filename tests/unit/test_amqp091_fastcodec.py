@@ -300,3 +300,69 @@ def test_generated_property_decoders_equal_the_generic_loop(props, size, data):
             return None if got is None else {s: getattr(got, s) for s in Properties.__slots__}
 
         assert state(lambda: framing._props_decoder(flags)(p, len(p))) == state(lambda: framing._props_generic(p, flags))
+
+
+# --- headers_from_properties: the pre-session version, as the reference -------------------------
+
+import datetime as _dt  # noqa: E402
+
+from fluxpg.protocols.amqp091.properties import (EXCHANGE_KEY, ROUTING_KEY_KEY, _RESERVED, _SHARED,  # noqa: E402
+                                                 _text, json_safe)
+
+
+def _reference_headers(props: Properties | None, exchange: str, routing_key: str) -> dict[str, Any]:
+    """What to store for a published message (see the module docstring)."""
+    out: dict[str, Any] = {}
+    if props is not None:
+        table = getattr(props, "headers", None)
+        if table:
+            for key, value in table.items():
+                out[_text(key) or ""] = json_safe(value)
+        for attr, key in _SHARED.items():
+            value = getattr(props, attr, None)
+            if value not in (None, ""):
+                out[key] = _text(value)
+        for attr, key in _RESERVED.items():
+            value = getattr(props, attr, None)
+            if value in (None, ""):
+                continue
+            if attr == "timestamp":
+                if isinstance(value, _dt.datetime):
+                    if value.tzinfo is None:
+                        value = value.replace(tzinfo=_dt.timezone.utc)
+                    value = int(value.timestamp())
+                out[key] = value
+            elif attr in ("delivery_mode", "priority"):
+                out[key] = int(value)
+            else:
+                out[key] = _text(value)
+    if exchange:
+        out[EXCHANGE_KEY] = exchange
+    out[ROUTING_KEY_KEY] = routing_key
+    return out
+
+
+odd_property = st.one_of(st.none(), st.just(""), st.text(max_size=10), st.integers(0, 300), st.sampled_from(["2", "x"]),
+                         st.binary(max_size=5), st.datetimes(min_value=dt.datetime(1971, 1, 1)),
+                         st.datetimes(min_value=dt.datetime(1971, 1, 1), timezones=st.just(dt.timezone.utc)))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(properties(), st.builds(lambda vals: _odd_props(vals), st.lists(odd_property, min_size=14,
+                                                                                  max_size=14))),
+       st.text(max_size=10), st.text(max_size=10))
+def test_headers_from_properties_equal_the_reference(props, exchange, rk):
+    def run(f):
+        try:
+            out = f(props, exchange, rk)
+        except Exception as exc:  # noqa: BLE001 - both must fail alike
+            return type(exc)
+        return list(out.items()), [type(v) for v in out.values()]
+    assert run(amqp_props.headers_from_properties) == run(_reference_headers)
+
+
+def _odd_props(vals) -> Properties:
+    p = Properties.__new__(Properties)
+    for slot, v in zip(Properties.__slots__, vals):
+        setattr(p, slot, v if slot != "headers" else None)
+    return p

@@ -51,3 +51,31 @@ def test_cycles_and_depth_fail_as_json_dumps_does():
         deep = [deep]
     a, b = _both(deep)
     assert a[0] is b[0] is RecursionError
+
+
+# --- db.json_loads (the json/jsonb column decoder): json.loads' value or error ---------------------
+
+from fluxpg.db import json_loads  # noqa: E402
+
+
+def _loads_both(text):
+    def run(f):
+        try:
+            v = f(text)
+        except Exception as exc:  # noqa: BLE001 - both must fail alike
+            return (type(exc), str(exc))
+        return (json.dumps(v, sort_keys=False), repr(v))   # NaN != NaN: compare text and repr
+    return run(json.loads), run(json_loads)
+
+
+@settings(max_examples=500, deadline=None)
+@given(values, st.sampled_from(["", " ", "\n", "\ufeff", "x", ",", " 1"]), st.sampled_from(["", " ", "\t\n"]),
+       st.data())
+def test_loads_like_json_loads(v, tail, head, data):
+    try:
+        text = json.dumps(v)
+    except Exception:  # noqa: BLE001
+        return
+    for t in (text, head + text, text + tail, text[:data.draw(st.integers(0, len(text)))]):
+        a, b = _loads_both(t)
+        assert a == b, t

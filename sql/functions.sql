@@ -1012,22 +1012,21 @@ BEGIN
   IF topic IS NULL OR topic = '' OR topic ~ '[+#\x00]' OR payload IS NULL THEN
     PERFORM fluxpg._check_publish(topic, payload);  -- raises
   END IF;
-  -- fluxpg._routes, without its window: reserved queues only take what no other queue does.
-  SELECT array_agg(m.id), array_agg(m.name), array_agg(m.lim), array_agg(m.reserved)
+  -- fluxpg._routes without its window and sort: one match (the common case) needs neither;
+  -- several are put in id order here, and reserved queues only take what no other queue does.
+  SELECT array_agg(q.id), array_agg(q.name), array_agg(coalesce((q.settings #>> '{limits,max_message_size}')::bigint, 0)),
+         array_agg(coalesce((q.settings ->> 'reserved')::boolean, false))
     INTO ids, names, lims, res
-    FROM (SELECT q.id, q.name, coalesce((q.settings #>> '{limits,max_message_size}')::bigint, 0) AS lim,
-                 coalesce((q.settings ->> 'reserved')::boolean, false) AS reserved
-            FROM fluxpg.queues q
-           WHERE EXISTS (SELECT 1 FROM unnest(q.topics) f WHERE fluxpg.topic_matches(f, publish.topic))
-           ORDER BY q.id) m;
+    FROM fluxpg.queues q
+   WHERE EXISTS (SELECT 1 FROM unnest(q.topics) f WHERE fluxpg.topic_matches(f, publish.topic));
   IF ids IS NULL THEN
     PERFORM fluxpg._no_route(topic);  -- raises
   END IF;
-  IF true = ANY (res) AND false = ANY (res) THEN
+  IF cardinality(ids) > 1 THEN
     SELECT array_agg(u.id ORDER BY u.id), array_agg(u.name ORDER BY u.id), array_agg(u.lim ORDER BY u.id)
       INTO ids, names, lims
       FROM unnest(ids, names, lims, res) AS u(id, name, lim, reserved)
-     WHERE NOT u.reserved;
+     WHERE NOT u.reserved OR NOT (false = ANY (res));
   END IF;
   -- The offset is assigned when the caller commits. The shared lock per target queue (key
   -- 1179669332, queue id), held until the transaction ends, is what queue_stats counts.

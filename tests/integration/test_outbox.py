@@ -21,6 +21,7 @@ import fluxpg
 from fluxpg import db
 from fluxpg.config import QueueConfig
 from fluxpg.queues import sequencer as sequencer_module
+from fluxpg.testing import dsn_with_database
 
 from tests.helpers import Inbox, declare
 
@@ -208,6 +209,23 @@ async def test_every_node_sleeps_while_one_holds_the_lock_and_all_are_woken(dsn,
         await inbox.wait_for(i + 1, timeout=10)    # far below IDLE_POLL
         await asyncio.wait_for(both_asleep(), 10)
     assert [d.payload for d in inbox.items] == [b"0", b"1", b"2"]
+
+
+async def test_a_sequencer_asleep_in_another_database_is_not_asleep_here(dsn, conn):
+    """Advisory locks are per database but pg_locks lists the server's: the sleep lock held in
+    another database (another fluxpg install on the same server, its sequencer asleep) is not
+    this database's sleeping node, whose commits would NOTIFY. Seen as one, this node slept
+    without the lock while its commits sent nothing, and every transactional publish waited
+    IDLE_POLL."""
+    other = await db.connect(dsn_with_database(dsn, "postgres"))
+    try:
+        assert await other.fetchval(db.queries()["sequencer_sleep_lock"])
+        assert await other.fetchval(db.queries()["sequencer_asleep_elsewhere"])
+        assert not await conn.fetchval(db.queries()["sequencer_asleep_elsewhere"])
+        assert await conn.fetchval(db.queries()["sequencer_sleep_lock"])       # granted here
+        assert await conn.fetchval(db.queries()["sequencer_sleep_unlock"])
+    finally:
+        await other.close()
 
 
 async def test_publishing_commits_notify_only_while_the_sleep_lock_is_held(dsn, conn, qname):

@@ -1152,6 +1152,7 @@ DECLARE
   r record;
   txids xid8[];
   marks bigint[];
+  locked boolean;
 BEGIN
   -- The markers, oldest first, and their transactions in the order of each one's first marker (a
   -- transaction has one per fluxpg.publish call, all taken at its commit). Read before the lock,
@@ -1167,7 +1168,7 @@ BEGIN
     -- ~50 µs a round more than this).
     txids := ARRAY(SELECT u.t FROM unnest(txids) WITH ORDINALITY AS u(t, k) GROUP BY u.t ORDER BY min(u.k));
   END IF;
-  PERFORM pg_advisory_xact_lock(1179669332, 0);
+  locked := pg_advisory_xact_lock(1179669332, 0) IS NULL;  -- a simple expression, not a query
   -- Fast path: everything in one append (one head lock per queue partition, one NOTIFY).
   BEGIN
     moved := fluxpg._append_outbox(NULL, txids);
@@ -1228,16 +1229,22 @@ RETURNS TABLE (r_target int, r_queue_id int, r_partition int, r_seq bigint, r_to
 LANGUAGE plpgsql AS $$
 DECLARE
   moved int[];
+  tagged boolean := cardinality(c_queues) > 0;
+  setting text;
 BEGIN
-  PERFORM set_config('synchronous_commit', 'off', true);
-  IF cardinality(c_queues) > 0 THEN
+  -- Assignments are simple expressions; a PERFORM is a query with its executor start-up (each
+  -- one a few µs of every round, empty polls included).
+  setting := set_config('synchronous_commit', 'off', true);
+  IF tagged THEN
     PERFORM fluxpg._tag_notifies(true);
   END IF;
   moved := fluxpg._sequence(max_rows);
-  PERFORM fluxpg._tag_notifies(false);
-  RETURN QUERY SELECT 0, m.qid, NULL::int, count(*), NULL::text, NULL::bytea, NULL::jsonb, NULL::timestamptz, NULL::int
-                 FROM unnest(moved) AS m(qid) GROUP BY m.qid;
+  IF tagged THEN
+    PERFORM fluxpg._tag_notifies(false);
+  END IF;
   IF cardinality(moved) > 0 THEN
+    RETURN QUERY SELECT 0, m.qid, NULL::int, count(*), NULL::text, NULL::bytea, NULL::jsonb, NULL::timestamptz, NULL::int
+                   FROM unnest(moved) AS m(qid) GROUP BY m.qid;
     RETURN QUERY SELECT * FROM fluxpg._handoff_claims(c_queues, c_groups, c_consumers, c_n,
                                                       ARRAY(SELECT DISTINCT unnest(moved)));
   END IF;

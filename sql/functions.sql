@@ -779,7 +779,7 @@ END $$;
 -- nothing: set by append_claim and sequence_claim around their appends, whose node wakes its own
 -- consumers itself (other nodes ignore the tag).
 -- plpgsql, not sql: a SQL function returning void is not inlined, and is parsed and planned
--- again on every call (~60 µs of backend CPU, twice per append_claim).
+-- again on every call (~30-60 µs of backend CPU each, two per sequencer round).
 CREATE OR REPLACE FUNCTION fluxpg._tag_notifies(own boolean) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -815,6 +815,7 @@ DECLARE
   ttl interval;
   lim bigint;
   missing int;
+  notified boolean;
 BEGIN
   IF n IS NULL OR n = 0 THEN RETURN; END IF;
   IF cardinality(topics) <> n OR cardinality(payloads) <> n
@@ -847,7 +848,8 @@ BEGIN
       -- at 1,000 rows and unnest at 10, so with generate_series PostgreSQL re-planned this
       -- statement for every call (a custom plan always looked cheaper); the same below.
       RETURN QUERY SELECT u.i::int, q.id, 0, first + u.i - 1 FROM unnest(queue_ids) WITH ORDINALITY AS u(x, i);
-      PERFORM pg_notify('fluxpg_log', q.id::text || coalesce(notify_tag, current_setting('fluxpg.notify_tag', true), ''));
+      -- An assignment is a simple expression; PERFORM would start an executor for it.
+      notified := pg_notify('fluxpg_log', q.id::text || coalesce(notify_tag, current_setting('fluxpg.notify_tag', true), '')) IS NULL;
       RETURN;
     END IF;
   END IF;
@@ -993,29 +995,69 @@ BEGIN
   RETURN NULL;
 END $$;
 
--- Route and stage in one statement (each statement and each plpgsql call in the publisher's
--- transaction is CPU the publisher pays: measured, routing then staging in separate functions
--- cost 80 µs more per publish than this). One row per target queue, in queue id order; only the
--- first row of a call carries `marks`, so its commit-time trigger runs once per call, not once per
--- message. Refuses what could never be appended (too large) now, when the caller can still react.
+-- Route, then stage. Each statement and each plpgsql call in the publisher's transaction is CPU
+-- the publisher pays, and per transaction it pays each statement's executor start-up (the plans
+-- are cached; 8 connections, backend CPU per transaction from /proc): the earlier single
+-- statement (routing CTE with two window aggregates, a LATERAL lock, a sort, the INSERT and the
+-- result scan) cost ~60 µs more per transaction than this. So: the topic check is a simple
+-- expression (the plpgsql call only when it fails); one routing query into arrays (the reserved
+-- rule applied to them only when a reserved queue matched, not as a window over every match);
+-- for one queue, the common case, a shared lock taken as a simple expression and an
+-- INSERT ... VALUES; the result rows returned without a query. One row per target queue, in
+-- queue id order; only the first carries `marks`, so its commit-time trigger runs once per call,
+-- not once per message. Refuses what could never be appended (too large) now, when the caller can
+-- still react.
 CREATE OR REPLACE FUNCTION fluxpg.publish(topic text, payload bytea, headers jsonb DEFAULT NULL)
 RETURNS TABLE (queue text, seq bigint) LANGUAGE plpgsql AS $$
+DECLARE
+  ids int[];
+  names text[];
+  lims bigint[];
+  res boolean[];
+  locked boolean;
 BEGIN
-  PERFORM fluxpg._check_publish(topic, payload);
-  -- The offset is assigned when the caller commits.
-  RETURN QUERY
-  WITH t AS (SELECT r.id, r.name, r.max_message_size AS lim FROM fluxpg._routes(publish.topic) r),
-       ins AS (INSERT INTO fluxpg.outbox (queue_id, topic, payload, headers, part_key, marks)
-               SELECT t.id, publish.topic,
-                      CASE WHEN t.lim > 0 AND octet_length(publish.payload) > t.lim
-                           THEN fluxpg._too_large(t.name, octet_length(publish.payload), t.lim) ELSE publish.payload END,
-                      publish.headers, publish.headers ->> 'x-partition-key', t.id = min(t.id) OVER ()
-                 FROM t CROSS JOIN LATERAL (SELECT pg_advisory_xact_lock_shared(1179669332, t.id)) l
-                ORDER BY t.id)
-  SELECT t.name, NULL::bigint FROM t ORDER BY t.id;
-  IF NOT FOUND THEN
-    PERFORM fluxpg._no_route(topic);
+  IF topic IS NULL OR topic = '' OR topic ~ '[+#\x00]' OR payload IS NULL THEN
+    PERFORM fluxpg._check_publish(topic, payload);  -- raises
   END IF;
+  -- fluxpg._routes without its window and sort: one match (the common case) needs neither;
+  -- several are put in id order here, and reserved queues only take what no other queue does.
+  SELECT array_agg(q.id), array_agg(q.name), array_agg(coalesce((q.settings #>> '{limits,max_message_size}')::bigint, 0)),
+         array_agg(coalesce((q.settings ->> 'reserved')::boolean, false))
+    INTO ids, names, lims, res
+    FROM fluxpg.queues q
+   WHERE EXISTS (SELECT 1 FROM unnest(q.topics) f WHERE fluxpg.topic_matches(f, publish.topic));
+  IF ids IS NULL THEN
+    PERFORM fluxpg._no_route(topic);  -- raises
+  END IF;
+  IF cardinality(ids) > 1 THEN
+    SELECT array_agg(u.id ORDER BY u.id), array_agg(u.name ORDER BY u.id), array_agg(u.lim ORDER BY u.id)
+      INTO ids, names, lims
+      FROM unnest(ids, names, lims, res) AS u(id, name, lim, reserved)
+     WHERE NOT u.reserved OR NOT (false = ANY (res));
+  END IF;
+  -- The offset is assigned when the caller commits. The shared lock per target queue (key
+  -- 1179669332, queue id), held until the transaction ends, is what queue_stats counts.
+  IF cardinality(ids) = 1 THEN
+    IF lims[1] > 0 AND octet_length(payload) > lims[1] THEN
+      PERFORM fluxpg._too_large(names[1], octet_length(payload), lims[1]);  -- raises
+    END IF;
+    locked := pg_advisory_xact_lock_shared(1179669332, ids[1]) IS NULL;  -- a simple expression, not a query
+    INSERT INTO fluxpg.outbox (queue_id, topic, payload, headers, part_key, marks)
+    VALUES (ids[1], publish.topic, publish.payload, publish.headers, publish.headers ->> 'x-partition-key', true);
+  ELSE
+    INSERT INTO fluxpg.outbox (queue_id, topic, payload, headers, part_key, marks)
+    SELECT u.id, publish.topic,
+           CASE WHEN u.lim > 0 AND octet_length(publish.payload) > u.lim
+                THEN fluxpg._too_large(u.name, octet_length(publish.payload), u.lim) ELSE publish.payload END,
+           publish.headers, publish.headers ->> 'x-partition-key', u.k = 1
+      FROM unnest(ids, names, lims) WITH ORDINALITY AS u(id, name, lim, k)
+      CROSS JOIN LATERAL (SELECT pg_advisory_xact_lock_shared(1179669332, u.id)) l
+     ORDER BY u.k;
+  END IF;
+  seq := NULL;
+  FOREACH queue IN ARRAY names LOOP
+    RETURN NEXT;
+  END LOOP;
 END $$;
 COMMENT ON FUNCTION fluxpg.publish(text, bytea, jsonb) IS 'Publish a message to every queue whose topics match, inside the caller''s transaction: appended when it commits, in commit order, blocking no other publisher meanwhile. Returns (queue, NULL): the offset is assigned at commit (fluxpg.append returns it at once but holds the head lock until the transaction ends)';
 
@@ -1068,15 +1110,17 @@ LANGUAGE plpgsql AS $$
 DECLARE
   qids int[]; topics text[]; payloads bytea[]; hdrs jsonb[]; keys text[];
 BEGIN
-  SELECT array_agg(o.queue_id ORDER BY m.k, o.id), array_agg(o.topic ORDER BY m.k, o.id),
-         array_agg(o.payload ORDER BY m.k, o.id), array_agg(o.headers ORDER BY m.k, o.id),
-         array_agg(o.part_key ORDER BY m.k, o.id)
+  -- One sort feeding all five aggregates (a subquery with ORDER BY is not flattened, so they
+  -- take its rows in that order), not five sorts of the same rows, payloads included.
+  SELECT array_agg(o.queue_id), array_agg(o.topic), array_agg(o.payload), array_agg(o.headers), array_agg(o.part_key)
     INTO qids, topics, payloads, hdrs, keys
-    FROM unnest(txids) WITH ORDINALITY AS m(txid, k)
-    CROSS JOIN LATERAL (SELECT o.id, o.queue_id, o.topic, o.payload, o.headers, o.part_key
-                          FROM fluxpg.outbox o
-                         WHERE o.txid = m.txid AND (qid IS NULL OR o.queue_id = qid) AND (one IS NULL OR o.id = one)
-                        OFFSET 0) o;
+    FROM (SELECT o.queue_id, o.topic, o.payload, o.headers, o.part_key
+            FROM unnest(txids) WITH ORDINALITY AS m(txid, k)
+            CROSS JOIN LATERAL (SELECT o.id, o.queue_id, o.topic, o.payload, o.headers, o.part_key
+                                  FROM fluxpg.outbox o
+                                 WHERE o.txid = m.txid AND (qid IS NULL OR o.queue_id = qid) AND (one IS NULL OR o.id = one)
+                                OFFSET 0) o
+           ORDER BY m.k, o.id) o;
   IF qids IS NULL THEN RETURN '{}'; END IF;
   IF qid IS NULL THEN
     DELETE FROM fluxpg.outbox o WHERE o.txid = ANY (txids);
@@ -1115,6 +1159,7 @@ DECLARE
   r record;
   txids xid8[];
   marks bigint[];
+  locked boolean;
 BEGIN
   -- The markers, oldest first, and their transactions in the order of each one's first marker (a
   -- transaction has one per fluxpg.publish call, all taken at its commit). Read before the lock,
@@ -1122,12 +1167,15 @@ BEGIN
   -- and a marker left beyond max_rows by a transaction moved here finds no rows next time and
   -- goes then. Through the primary key: an idle poll is one index probe and takes no lock (a
   -- sequential scan would read every dead marker not yet vacuumed).
-  SELECT array_agg(c.cseq), array_agg(c.txid ORDER BY c.cseq) FILTER (WHERE c.first)
-    INTO marks, txids
-    FROM (SELECT c.cseq, c.txid, row_number() OVER (PARTITION BY c.txid ORDER BY c.cseq) = 1 AS first
-            FROM (SELECT c.cseq, c.txid FROM fluxpg.outbox_commits c ORDER BY c.cseq LIMIT max_rows) c) c;
+  SELECT array_agg(c.cseq), array_agg(c.txid ORDER BY c.cseq) INTO marks, txids
+    FROM (SELECT c.cseq, c.txid FROM fluxpg.outbox_commits c ORDER BY c.cseq LIMIT max_rows) c;
   IF marks IS NULL THEN RETURN moved; END IF;
-  PERFORM pg_advisory_xact_lock(1179669332, 0);
+  IF cardinality(txids) > 1 THEN
+    -- Each transaction once, where its first marker is (a window over the markers instead cost
+    -- ~50 µs a round more than this).
+    txids := ARRAY(SELECT u.t FROM unnest(txids) WITH ORDINALITY AS u(t, k) GROUP BY u.t ORDER BY min(u.k));
+  END IF;
+  locked := pg_advisory_xact_lock(1179669332, 0) IS NULL;  -- a simple expression, not a query
   -- Fast path: everything in one append (one head lock per queue partition, one NOTIFY).
   BEGIN
     moved := fluxpg._append_outbox(NULL, txids);
@@ -1188,16 +1236,22 @@ RETURNS TABLE (r_target int, r_queue_id int, r_partition int, r_seq bigint, r_to
 LANGUAGE plpgsql AS $$
 DECLARE
   moved int[];
+  tagged boolean := cardinality(c_queues) > 0;
+  setting text;
 BEGIN
-  PERFORM set_config('synchronous_commit', 'off', true);
-  IF cardinality(c_queues) > 0 THEN
+  -- Assignments are simple expressions; a PERFORM is a query with its executor start-up (each
+  -- one a few µs of every round, empty polls included).
+  setting := set_config('synchronous_commit', 'off', true);
+  IF tagged THEN
     PERFORM fluxpg._tag_notifies(true);
   END IF;
   moved := fluxpg._sequence(max_rows);
-  PERFORM fluxpg._tag_notifies(false);
-  RETURN QUERY SELECT 0, m.qid, NULL::int, count(*), NULL::text, NULL::bytea, NULL::jsonb, NULL::timestamptz, NULL::int
-                 FROM unnest(moved) AS m(qid) GROUP BY m.qid;
+  IF tagged THEN
+    PERFORM fluxpg._tag_notifies(false);
+  END IF;
   IF cardinality(moved) > 0 THEN
+    RETURN QUERY SELECT 0, m.qid, NULL::int, count(*), NULL::text, NULL::bytea, NULL::jsonb, NULL::timestamptz, NULL::int
+                   FROM unnest(moved) AS m(qid) GROUP BY m.qid;
     RETURN QUERY SELECT * FROM fluxpg._handoff_claims(c_queues, c_groups, c_consumers, c_n,
                                                       ARRAY(SELECT DISTINCT unnest(moved)));
   END IF;

@@ -21,6 +21,7 @@ import fluxpg
 from fluxpg import db
 from fluxpg.config import QueueConfig
 from fluxpg.queues import sequencer as sequencer_module
+from fluxpg.testing import dsn_with_database
 
 from tests.helpers import Inbox, declare
 
@@ -210,6 +211,23 @@ async def test_every_node_sleeps_while_one_holds_the_lock_and_all_are_woken(dsn,
     assert [d.payload for d in inbox.items] == [b"0", b"1", b"2"]
 
 
+async def test_a_sequencer_asleep_in_another_database_is_not_asleep_here(dsn, conn):
+    """Advisory locks are per database but pg_locks lists the server's: the sleep lock held in
+    another database (another fluxpg install on the same server, its sequencer asleep) is not
+    this database's sleeping node, whose commits would NOTIFY. Seen as one, this node slept
+    without the lock while its commits sent nothing, and every transactional publish waited
+    IDLE_POLL."""
+    other = await db.connect(dsn_with_database(dsn, "postgres"))
+    try:
+        assert await other.fetchval(db.queries()["sequencer_sleep_lock"])
+        assert await other.fetchval(db.queries()["sequencer_asleep_elsewhere"])
+        assert not await conn.fetchval(db.queries()["sequencer_asleep_elsewhere"])
+        assert await conn.fetchval(db.queries()["sequencer_sleep_lock"])       # granted here
+        assert await conn.fetchval(db.queries()["sequencer_sleep_unlock"])
+    finally:
+        await other.close()
+
+
 async def test_publishing_commits_notify_only_while_the_sleep_lock_is_held(dsn, conn, qname):
     """No broker: the test holds the sequencer's sleep lock itself. Commits NOTIFY fluxpg_outbox
     only while it is held; and it is not granted while a publishing commit is under way (here its
@@ -295,6 +313,44 @@ async def test_async_sqlalchemy_session_and_errors_in_the_callers_transaction(ds
     assert await _drain(conn, qname, "g", 1) == [b"small"]
     with pytest.raises(TypeError, match="needs an asyncpg or psycopg connection"):
         fluxpg.publish(object(), "t", b"x")
+
+
+async def test_publish_routes_as_route_does(conn, qname, manager_factory):
+    """fluxpg.publish routes without fluxpg._routes' window (one query into arrays, the reserved
+    rule applied afterwards, a one-queue fast path): the same queues as fluxpg.route, in id order,
+    one row each in the outbox and one marker-bearing row per call; a size limit on any target
+    queue refuses the call."""
+    await manager_factory([
+        QueueConfig(name=f"{qname}_a", topics=[f"$queue/{qname}_a/#", f"sensors/{qname}/#"]),
+        QueueConfig(name=f"{qname}_b", topics=[f"sensors/{qname}/+/temp"]),
+        QueueConfig(name=f"{qname}_c", topics=[f"sensors/{qname}/big/#"], limits={"max_message_size": 4}),
+        QueueConfig(name=f"{qname}_r", topics=[f"other/{qname}/#", f"sensors/{qname}/#"], reserved=True),
+    ])
+    topics = [f"$queue/{qname}_a/x", f"sensors/{qname}/x/temp", f"sensors/{qname}/x/hum", f"other/{qname}/z",
+              f"sensors/{qname}/big/temp"]
+    for topic in topics:
+        expected = await conn.fetchval(
+            "SELECT array_agg(q.name ORDER BY q.id) FROM fluxpg.queues q WHERE q.id = ANY (fluxpg.route($1))", topic)
+        tr = conn.transaction()
+        await tr.start()
+        try:
+            got = [r["queue"] for r in await conn.fetch("SELECT queue FROM fluxpg.publish($1, 'ok')", topic)]
+            rows = await conn.fetch("SELECT o.queue_id, o.marks FROM fluxpg.outbox o WHERE o.txid = pg_current_xact_id() "
+                                    "ORDER BY o.id")
+            assert got == expected, topic
+            assert [r["marks"] for r in rows] == [True] + [False] * (len(expected) - 1), topic
+            assert await conn.fetchval("SELECT fluxpg.route($1) = $2::int[]", topic, [r["queue_id"] for r in rows])
+            await conn.execute("SET CONSTRAINTS ALL IMMEDIATE")
+            assert await conn.fetchval(
+                "SELECT count(*) FROM fluxpg.outbox_commits WHERE txid = pg_current_xact_id()") == 1
+        finally:
+            await tr.rollback()
+    assert len(expected) == 3  # the last topic reaches _a (via sensors/#), _b and _c
+    with pytest.raises(Exception, match="exceeds limits.max_message_size"):
+        async with conn.transaction():
+            await conn.fetch("SELECT * FROM fluxpg.publish($1, 'too big')", f"sensors/{qname}/big/temp")
+    assert await conn.fetchval("SELECT fluxpg.route($1) = ARRAY(SELECT id FROM fluxpg.queues WHERE name = $2)",
+                               f"other/{qname}/z", f"{qname}_r")
 
 
 def test_commit_order_not_transaction_id_order(dsn, qname):

@@ -688,6 +688,20 @@ class Decoder:
             self._buf = bytearray()  # drop the input; views into the old buffer may linger
             raise
 
+    def _take_plain_puback(self, buf: bytearray, n: int) -> int:
+        """The packet id of a PUBACK of packet id only (0x40 0x02 id, id not 0) at the start of
+        buf (n >= 4 bytes), taken off the buffer; 0 (nothing taken) for any other PUBACK."""
+        if buf[1] != 2 or self.max_packet_size < 4:
+            return 0
+        pid = (buf[2] << 8) | buf[3]
+        if pid:
+            if n == 4:
+                buf.clear()
+            else:
+                del buf[:4]
+            self.last_size = 4
+        return pid
+
     def next_fast(self) -> Packet | tuple | int | None:
         """next_packet() for the broker's read loop, without objects for the two packets of every
         QoS 1 message: a PUBLISH without properties comes as the tuple (topic, payload, qos,
@@ -703,16 +717,8 @@ class Decoder:
             return self.next_packet()
         first = buf[0]
         if first == 0x40:
-            if buf[1] == 2 and self.max_packet_size >= 4:
-                pid = (buf[2] << 8) | buf[3]
-                if pid:
-                    if n == 4:
-                        buf.clear()
-                    else:
-                        del buf[:4]
-                    self.last_size = 4
-                    return pid
-            return self.next_packet()
+            pid = self._take_plain_puback(buf, n)
+            return pid if pid else self.next_packet()
         if first & 0xF0 != 0x30 or first & 0x06 == 0x06:
             return self.next_packet()
         b = buf[1]
@@ -764,16 +770,11 @@ class Decoder:
         if not n:
             return None
         first = buf[0]
-        if first == 0x40 and n >= 4 and buf[1] == 2 and self.version is not None and self.max_packet_size >= 4:
+        if first == 0x40 and n >= 4 and self.version is not None:
             # PUBACK with a packet id only, every QoS 1 delivery's answer: what _puback returns
             # for these four bytes, without the general framing and parser.
-            pid = (buf[2] << 8) | buf[3]
+            pid = self._take_plain_puback(buf, n)
             if pid:
-                if n == 4:
-                    buf.clear()
-                else:
-                    del buf[:4]
-                self.last_size = 4
                 return Puback(pid, ReasonCode.SUCCESS, Properties())
         ptype = first >> 4
         if self.version is None and ptype != P.CONNECT:

@@ -1860,13 +1860,9 @@ BEGIN
       -- The target's carried acks (fluxpg.ack of a classic queue, partition 0), before its claim
       -- and before the member and cursor rows, the lock order of fluxpg.ack_claim. A queue or
       -- group that is gone has nothing pending to ack.
+      -- Through fluxpg.ack, as ack_claim: the one place an acknowledgement's rule lives.
       acks := ARRAY(SELECT u.s FROM unnest(c_ack_targets, c_ack_seqs) AS u(at, s) WHERE u.at = i);
-      IF q.durability = 'transient' THEN
-        PERFORM fluxpg.ack(q.name, g.name, acks, 0);
-      ELSE
-        DELETE FROM fluxpg.pending
-         WHERE group_id = g.id AND partition = 0 AND seq BETWEEN fluxpg._lo(acks) AND fluxpg._hi(acks) AND seq = ANY (acks);
-      END IF;
+      PERFORM fluxpg.ack(q.name, g.name, acks, 0);
     END IF;
     CONTINUE WHEN coalesce((q.settings #>> '{dlq,expired}')::boolean, false);
     CONTINUE WHEN appended IS NOT NULL AND NOT (q.id = ANY (appended));

@@ -219,9 +219,62 @@ def queries(file: str = "queries.sql") -> dict[str, str]:
 # Pool and errors
 # --------------------------------------------------------------------------------------------
 
+# json.dumps(value) for the json/jsonb parameters (every published message's headers): the same
+# text, without json.dumps' per-call work (a JSONEncoder.encode → iterencode → a C encoder built per
+# call: ~2.9 us for 3 headers, ~0.8 us this way). No cycle check in the fast call; a cyclic value
+# recurses until RecursionError, and then — as for anything else it refuses — json.dumps is called
+# and gives its own result or error.
+try:
+    from json.encoder import c_make_encoder as _c_make_encoder, encode_basestring_ascii as _ascii
+except ImportError:  # pragma: no cover - CPython has the C accelerator
+    _c_make_encoder = None
+
+
+def _not_serializable(o: Any) -> Any:
+    raise TypeError(f"Object of type {o.__class__.__name__} is not JSON serializable")
+
+
+_C_ENCODE = (_c_make_encoder(None, _not_serializable, _ascii, None, ": ", ", ", False, False, True)
+             if _c_make_encoder is not None else None)
+
+
+def json_dumps(value: Any) -> str:
+    """json.dumps(value), the same text or the same error."""
+    t = type(value)
+    if _C_ENCODE is not None and (t is dict or t is list):
+        try:
+            return "".join(_C_ENCODE(value, 0))
+        except Exception:  # noqa: BLE001 - json.dumps decides (its error, or a cycle's)
+            pass
+    return json.dumps(value)
+
+
+# json.loads(text) for json/jsonb columns (every delivered message's headers): the C scanner
+# json.loads ends in, called directly (~1.6 -> ~0.6 us for 3 headers). Text it does not take whole
+# from position 0 (leading or trailing whitespace, a BOM, an error) goes to json.loads, which gives
+# its own result or error.
+try:
+    from json.scanner import c_make_scanner as _c_make_scanner
+except ImportError:  # pragma: no cover - CPython has the C accelerator
+    _c_make_scanner = None
+_C_SCAN = _c_make_scanner(json.JSONDecoder()) if _c_make_scanner is not None else None
+
+
+def json_loads(text: str) -> Any:
+    """json.loads(text), the same value or the same error."""
+    if _C_SCAN is not None and type(text) is str:
+        try:
+            value, end = _C_SCAN(text, 0)
+        except Exception:  # noqa: BLE001 - json.loads decides
+            return json.loads(text)
+        if end == len(text):
+            return value
+    return json.loads(text)
+
+
 async def _init_connection(conn: asyncpg.Connection) -> None:
-    await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
-    await conn.set_type_codec("json", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
+    await conn.set_type_codec("jsonb", encoder=json_dumps, decoder=json_loads, schema="pg_catalog")
+    await conn.set_type_codec("json", encoder=json_dumps, decoder=json_loads, schema="pg_catalog")
 
 
 async def _reset_connection(conn: asyncpg.Connection) -> None:

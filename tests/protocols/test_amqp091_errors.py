@@ -365,3 +365,63 @@ async def test_full_queue_nacks_and_pipeline_backpressure(broker, qname, monkeyp
         await ch2.declare_queue(qname, passive=True)           # the connection is fine
     finally:
         await conn.close()
+
+
+def _publish_frames(channel: int, rk: str, body: bytes, *, exchange: str = "", size: int | None = None,
+                    class_id: int = 60) -> bytes:
+    """basic.publish + content header + body, as one write (what Connection.fast_frame takes)."""
+    hdr = pheader.ContentHeader(0, len(body) if size is None else size, Basic.Properties(delivery_mode=2))
+    payload = bytearray(hdr.marshal())
+    payload[0:2] = class_id.to_bytes(2, "big")
+    return (pframe.marshal(Basic.Publish(exchange=exchange, routing_key=rk), channel)
+            + framing._frame(framing.FRAME_HEADER, channel, bytes(payload))
+            + framing._frame(framing.FRAME_BODY, channel, body))
+
+
+async def test_publishes_in_one_read_take_the_fast_path_with_the_same_errors(broker, qname):
+    # Connection.fast_frame handles publish, header and body without handle_frame's coroutines:
+    # confirms, order and every error must be what the general path gives.
+    server = await broker([QueueConfig(name=qname)])
+    port = server.port("amqp091")
+    c = await RawClient.open(port)
+    c.send(1, Chan.Open())
+    assert isinstance(await c.method(), Chan.OpenOk)
+    c.send(1, commands.Confirm.Select())
+    assert isinstance(await c.method(), commands.Confirm.SelectOk)
+    c.raw(b"".join(_publish_frames(1, qname, b"m%d" % i) for i in range(5)))
+    last = 0
+    while last < 5:
+        m = await c.method()
+        assert isinstance(m, Basic.Ack), m
+        assert m.delivery_tag > last and (m.multiple or m.delivery_tag == last + 1)
+        last = m.delivery_tag
+    # Unknown exchange: channel.close 404; the content frames that follow are discarded.
+    c.raw(_publish_frames(1, qname, b"lost", exchange="nope") + _publish_frames(1, qname, b"lost too"))
+    m = await c.method()
+    assert isinstance(m, Chan.Close) and m.reply_code == 404, m
+    c.send(1, Chan.CloseOk())
+    c.send(1, Chan.Open())
+    assert isinstance(await c.method(), Chan.OpenOk)
+    # A content header of another class: connection.close 505.
+    c.raw(_publish_frames(1, qname, b"x", class_id=61))
+    await c.expect_connection_close(505)
+    # A body larger than its header announced: connection.close 501.
+    c = await RawClient.open(port)
+    c.send(1, Chan.Open())
+    assert isinstance(await c.method(), Chan.OpenOk)
+    c.raw(_publish_frames(1, qname, b"0123456789", size=4))
+    m = await c.expect_connection_close(501)
+    assert "larger than its header" in m.reply_text
+    # What was confirmed is there, in order; nothing else is.
+    conn = await aio_pika.connect(f"amqp://guest:guest@127.0.0.1:{port}/")
+    try:
+        ch = await conn.channel()
+        q = await ch.get_queue(qname, ensure=False)
+        got = []
+        while (msg := await q.get(timeout=5, fail=False)) is not None:
+            got.append(msg.body)
+            await msg.ack()
+        assert got == [b"m%d" % i for i in range(5)]
+    finally:
+        await conn.close()
+    await _healthy(server)

@@ -230,3 +230,139 @@ def _general_delivery_on(channel, tag_str, tag, d, frame_max):
     props, exchange, rk = amqp_props.delivery_properties(d)
     return (framing.deliver_frame(channel, tag_str, tag, d.redelivered, exchange, rk)
             + framing.content_frames(channel, props, d.payload, frame_max))
+
+
+# --- the publish side: confirms written directly, basic.publish recognised for the fast path -----
+
+from fluxpg.protocols import prescan  # noqa: E402
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 65535), st.one_of(st.integers(0, 2 ** 63 - 1), st.integers(2 ** 63, 2 ** 64 - 1),
+                                        st.integers(-2 ** 63, -1)), st.booleans())
+def test_ack_frame_equals_method_frame(channel, tag, multiple):
+    def general():
+        try:
+            return framing.method_frame(channel, commands.Basic.Ack(tag, multiple))
+        except Exception as exc:  # noqa: BLE001 - both must fail alike
+            return type(exc)
+
+    def fast():
+        try:
+            return framing.ack_frame(channel, tag, multiple)
+        except Exception as exc:  # noqa: BLE001
+            return type(exc)
+
+    assert fast() == general()
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.integers(0, 65535), st.text(max_size=60), st.text(max_size=200), st.booleans(), st.booleans(), st.data())
+def test_exact_publish_is_what_the_fast_decoder_takes(ticket, exchange, rk, mandatory, immediate, data):
+    # The decoder skips the pre-scan for exactly these payloads, and publish_method decodes them
+    # as decode_method does; anything else goes the general way (pre-scan, decode_method).
+    pub = framing._method_payload(framing.build(commands.Basic.Publish, ticket, exchange, rk, mandatory, immediate))
+    cut = data.draw(st.integers(0, len(pub)))
+    i = data.draw(st.integers(4, len(pub) - 1))
+    changed = pub[:i] + bytes([data.draw(st.integers(0, 255))]) + pub[i + 1:]
+    ack = framing._method_payload(framing.build(commands.Basic.Ack, 5, False))
+    for payload in (pub, pub[:cut], pub + b"\x00", changed, ack):
+        exact = framing._exact_publish(payload)
+        fast = framing.publish_method(payload)
+        if exact:
+            prescan.amqp091_method(payload, prescan.DEFAULT_LIMITS)   # would have passed
+        if fast is not None:
+            assert exact
+            assert _decoded(payload) == (type(fast), {s: getattr(fast, s) for s in type(fast).__slots__})
+        else:
+            assert payload[:4] != framing._PUBLISH_INDEX or _decoded(payload) == _generic(payload)
+    assert framing.publish_method(pub) is not None
+
+
+@settings(max_examples=300, deadline=None)
+@given(properties(), st.integers(0, 2 ** 40), st.data())
+def test_generated_property_decoders_equal_the_generic_loop(props, size, data):
+    # _fast_content_header runs a decoder written out per flags word (at most _MAX_DECODERS of
+    # them), the generic loop past that: both make the same Properties or both give up.
+    try:
+        payload = header.ContentHeader(0, size, props).marshal()
+    except Exception:  # noqa: BLE001 - not encodable: nothing to decode
+        return
+    cut = data.draw(st.integers(14, max(len(payload), 14)))
+    for p in (payload, payload[:cut], payload + b"\x00"):
+        flags = struct.unpack_from(">H", p, 12)[0]
+
+        def state(fn):
+            try:
+                got = fn()
+            except Exception as exc:  # noqa: BLE001
+                return type(exc)
+            return None if got is None else {s: getattr(got, s) for s in Properties.__slots__}
+
+        assert state(lambda: framing._props_decoder(flags)(p, len(p))) == state(lambda: framing._props_generic(p, flags))
+
+
+# --- headers_from_properties: the pre-session version, as the reference -------------------------
+
+import datetime as _dt  # noqa: E402
+
+from fluxpg.protocols.amqp091.properties import (EXCHANGE_KEY, ROUTING_KEY_KEY, _RESERVED, _SHARED,  # noqa: E402
+                                                 _text, json_safe)
+
+
+def _reference_headers(props: Properties | None, exchange: str, routing_key: str) -> dict[str, Any]:
+    """What to store for a published message (see the module docstring)."""
+    out: dict[str, Any] = {}
+    if props is not None:
+        table = getattr(props, "headers", None)
+        if table:
+            for key, value in table.items():
+                out[_text(key) or ""] = json_safe(value)
+        for attr, key in _SHARED.items():
+            value = getattr(props, attr, None)
+            if value not in (None, ""):
+                out[key] = _text(value)
+        for attr, key in _RESERVED.items():
+            value = getattr(props, attr, None)
+            if value in (None, ""):
+                continue
+            if attr == "timestamp":
+                if isinstance(value, _dt.datetime):
+                    if value.tzinfo is None:
+                        value = value.replace(tzinfo=_dt.timezone.utc)
+                    value = int(value.timestamp())
+                out[key] = value
+            elif attr in ("delivery_mode", "priority"):
+                out[key] = int(value)
+            else:
+                out[key] = _text(value)
+    if exchange:
+        out[EXCHANGE_KEY] = exchange
+    out[ROUTING_KEY_KEY] = routing_key
+    return out
+
+
+odd_property = st.one_of(st.none(), st.just(""), st.text(max_size=10), st.integers(0, 300), st.sampled_from(["2", "x"]),
+                         st.binary(max_size=5), st.datetimes(min_value=dt.datetime(1971, 1, 1)),
+                         st.datetimes(min_value=dt.datetime(1971, 1, 1), timezones=st.just(dt.timezone.utc)))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(properties(), st.builds(lambda vals: _odd_props(vals), st.lists(odd_property, min_size=14,
+                                                                                  max_size=14))),
+       st.text(max_size=10), st.text(max_size=10))
+def test_headers_from_properties_equal_the_reference(props, exchange, rk):
+    def run(f):
+        try:
+            out = f(props, exchange, rk)
+        except Exception as exc:  # noqa: BLE001 - both must fail alike
+            return type(exc)
+        return list(out.items()), [type(v) for v in out.values()]
+    assert run(amqp_props.headers_from_properties) == run(_reference_headers)
+
+
+def _odd_props(vals) -> Properties:
+    p = Properties.__new__(Properties)
+    for slot, v in zip(Properties.__slots__, vals):
+        setattr(p, slot, v if slot != "headers" else None)
+    return p

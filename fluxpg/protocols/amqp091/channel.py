@@ -69,6 +69,10 @@ MAX_PIPELINE = 2000          # publishes in flight per channel before the reader
 SERVER_MAX_BODY = 512 * 2 ** 20   # hard cap when every queue allows unlimited sizes
 DEFAULT_MAX_MESSAGE_SIZE = LimitsConfig().max_message_size
 
+# Topics published to that passed validate_topic_name and parse_queue_topic (pure checks), so a
+# publisher's next message to them skips both (≤ 1,024 topics of ≤ 512 characters).
+_VALID_TOPICS: dict[str, None] = {}
+
 # Methods a client sends without waiting for an answer: they skip the drain barrier.
 _ASYNC_METHODS = (Basic.Publish, Basic.Ack, Basic.Nack, Basic.Reject)
 
@@ -112,6 +116,7 @@ class _Entry:
     tag: int | None                 # confirm delivery tag (None: not in confirm mode)
     tasks: list[asyncio.Future] = field(default_factory=list)   # its appends (tasks or futures)
     error: AMQPError | None = None  # decided synchronously (e.g. a malformed $commit)
+    reserved: int = 0               # bytes of conn.inbound its body holds until it leaves the FIFO
 
 
 class Channel:
@@ -568,6 +573,9 @@ class Channel:
     # ------------------------------------------------------------------ publish
 
     async def _basic_publish(self, m: Basic.Publish) -> None:
+        self._begin_publish(m)
+
+    def _begin_publish(self, m: Basic.Publish) -> None:
         exchange = self._exchange_name(m.exchange or "")
         if exchange and self.conn.exchanges.get(exchange) is None:
             # The content frames that follow are discarded while the channel is closing.
@@ -614,6 +622,15 @@ class Channel:
             self._complete()
 
     async def _on_body(self, payload: bytes) -> None:
+        self._body_frame(payload)
+        while len(self._pipeline) >= MAX_PIPELINE and self.state == "open":
+            # Stop reading until the oldest publish finished: the socket pushes back on the client.
+            head = self._pipeline[0]
+            if head.tasks:
+                await asyncio.wait(head.tasks)
+            await asyncio.sleep(0)   # let the confirmer take it off the FIFO
+
+    def _body_frame(self, payload: bytes) -> None:
         self._received += len(payload)
         if self._received > self._header.body_size:
             self._drop_partial()
@@ -621,12 +638,38 @@ class Channel:
         self._body.append(payload)
         if self._received == self._header.body_size:
             self._complete()
-        while len(self._pipeline) >= MAX_PIPELINE and self.state == "open":
-            # Stop reading until the oldest publish finished: the socket pushes back on the client.
-            head = self._pipeline[0]
-            if head.tasks:
-                await asyncio.wait(head.tasks)
-            await asyncio.sleep(0)   # let the confirmer take it off the FIFO
+
+    def fast_content(self, frame: framing.Frame) -> bool:
+        """A publish's frames (basic.publish, content header, body) from Connection.fast_frame:
+        what handle_frame does with them, without its chain of coroutines (three frames per
+        message), when no wait can be needed; False: handle_frame must take the frame. Channel
+        errors close the channel as handle_frame does; connection errors (and a FrameError)
+        propagate to the caller, which closes the connection as Connection.handle_frame does."""
+        if self.state != "open" or self.tx is not None:
+            return False
+        try:
+            if self._publish is not None:
+                if frame.type == FRAME_HEADER and self._header is None:
+                    self._on_header(framing.decode_content_header(frame.payload))
+                    return True
+                if frame.type == FRAME_BODY and self._header is not None and len(self._pipeline) < MAX_PIPELINE - 1:
+                    # (at MAX_PIPELINE _on_body waits for the oldest publish: the general path)
+                    self._body_frame(frame.payload)
+                    return True
+                return False
+            if frame.type != FRAME_METHOD:
+                return False
+            m = framing.publish_method(frame.payload)
+            if m is None:
+                return False
+            self._begin_publish(m)
+        except AMQPError as err:
+            if not err.channel:
+                raise
+            self.fail(err)
+        except FluxError as exc:
+            self.fail(_error_from_flux(exc, None))
+        return True
 
     def _complete(self) -> None:
         method, header = self._publish, self._header
@@ -652,8 +695,9 @@ class Channel:
                 self.conn.inbound.release(reserved)
                 raise
             entry.error = err
-        # The body stays reserved until its appends finished (stored or failed).
-        self.conn.inbound.release_after(entry.tasks, reserved)
+        # The body stays reserved until its appends finished (stored or failed) and the confirm
+        # loop took it off the FIFO (one release there, not a done-callback per append).
+        entry.reserved = reserved
         self._pipeline.append(entry)
         self._pipeline_idle.clear()
         if self._confirmer is None or self._confirmer.done():
@@ -729,11 +773,17 @@ class Channel:
             return   # routed nowhere: confirmed (RabbitMQ acks unroutable messages)
         for topic in topics:
             self._authorize("publish", topic, m)
+            if topic in _VALID_TOPICS:
+                continue
             try:
                 validate_topic_name(topic)
                 parse_queue_topic(topic) if topic.startswith(QUEUE_PREFIX) else None
             except InvalidArgument as exc:
                 raise channel_error(PRECONDITION_FAILED, str(exc), m) from None
+            if len(topic) <= 512:
+                if len(_VALID_TOPICS) >= 1024:
+                    _VALID_TOPICS.clear()
+                _VALID_TOPICS[topic] = None
         expiration = getattr(props, "expiration", None)
         if expiration not in (None, "") and not (isinstance(expiration, str) and expiration.isdigit()):
             # As RabbitMQ: the per-message TTL is milliseconds as a decimal string.
@@ -810,7 +860,11 @@ class Channel:
 
     def _confirm_entry(self, entry: _Entry) -> None:
         """`entry` (taken off the FIFO, its appends finished): confirm it, with every following
-        entry already done and successful; or nack it, or fail the channel."""
+        entry already done and successful; or nack it, or fail the channel. The bytes of every
+        entry taken off the FIFO are released here (conn.inbound)."""
+        inbound = self.conn.inbound
+        if entry.reserved:
+            inbound.release(entry.reserved)
         failure = entry.error or self._failure(entry)
         if self.state != "open":
             return   # the channel closed: no confirm may be sent any more
@@ -818,11 +872,13 @@ class Channel:
             if entry.tag is not None:
                 # Coalesce: every following entry already done and successful.
                 last = entry.tag
-                while (self._pipeline and self._pipeline[0].tag is not None and self._pipeline[0].error is None
-                       and all(t.done() for t in self._pipeline[0].tasks)
-                       and self._failure(self._pipeline[0]) is None):
-                    last = self._pipeline.popleft().tag
-                self.conn.write(framing.method_frame(self.id, Basic.Ack(last, last != entry.tag)))
+                pipeline = self._pipeline
+                while pipeline and _confirmable(pipeline[0]):
+                    done = pipeline.popleft()
+                    last = done.tag
+                    if done.reserved:
+                        inbound.release(done.reserved)
+                self.conn.write(framing.ack_frame(self.id, last, last != entry.tag))
         elif isinstance(failure, AMQPError):
             self.fail(failure)
         else:
@@ -832,7 +888,8 @@ class Channel:
                 log.warning("amqp091 %s channel %d: publish failed (no confirms to tell the client): %s",
                             self.conn.name, self.id, failure)
 
-    def _failure(self, entry: _Entry) -> AMQPError | BaseException | None:
+    @staticmethod
+    def _failure(entry: _Entry) -> AMQPError | BaseException | None:
         """None when every append committed; an AMQPError the channel closes with (the client
         sent something wrong); any other exception: a nack (nothing or not all was stored)."""
         for task in entry.tasks:
@@ -1243,7 +1300,7 @@ class Channel:
         return seqs, done
 
     def fast_ack(self, delivery_tag: int, multiple: bool) -> bool:
-        """basic.ack from Connection.fast_ack: what _basic_ack does, when it cannot fail (an open
+        """basic.ack from Connection.fast_frame: what _basic_ack does, when it cannot fail (an open
         channel not inside a content body, no transaction, a known tag); False otherwise."""
         if self.state != "open" or self._publish is not None or self.tx is not None:
             return False
@@ -1308,6 +1365,17 @@ _HANDLERS = {
 }
 
 __all__ = ["Channel", "Consumer"]
+
+
+def _confirmable(entry: _Entry) -> bool:
+    """A confirm-mode publish whose appends all committed: confirmed with the one before it."""
+    if entry.tag is None or entry.error is not None:
+        return False
+    tasks = entry.tasks
+    if len(tasks) == 1:   # the usual case: one append
+        t = tasks[0]
+        return t.done() and not t.cancelled() and t.exception() is None
+    return all(t.done() for t in tasks) and Channel._failure(entry) is None
 
 
 def _control_group(verb: str, props) -> str | None:

@@ -196,26 +196,35 @@ class Connection:
 
     # ------------------------------------------------------------------ frames
 
-    def fast_ack(self, frame: framing.Frame) -> bool:
-        """A basic.ack (a consumer sends one per message) handled at once, without handle_frame's
-        chain of coroutines, when nothing can make it fail; False: handle_frame must take it."""
+    def fast_frame(self, frame: framing.Frame) -> bool:
+        """The frames a client sends per message (basic.ack; basic.publish, its content header
+        and body) handled at once, without handle_frame's chain of coroutines; False: handle_frame
+        must take it. An AMQPError or FrameError raised here goes to `failed`, as in handle_frame."""
         if self.state != "open" or frame.channel == 0:
             return False
-        fields = framing.ack_fields(frame.payload)
-        if fields is None:
-            return False
         channel = self.channels.get(frame.channel)
-        return channel is not None and channel.fast_ack(*fields)
+        if channel is None:
+            return False
+        if frame.type == FRAME_METHOD:
+            fields = framing.ack_fields(frame.payload)
+            if fields is not None:
+                return channel.fast_ack(*fields)
+        return channel.fast_content(frame)
 
     async def handle_frame(self, frame: framing.Frame) -> None:
         try:
             await self._handle_frame(frame)
-        except AMQPError as err:
-            if err.channel:   # a channel error escaped its channel (cannot happen on channel 0)
-                err = connection_error(err.code, err.text, err.method)
-            await self.close_with(err)
-        except FrameError as exc:
+        except (AMQPError, FrameError) as exc:
+            await self.failed(exc)
+
+    async def failed(self, exc: AMQPError | FrameError) -> None:
+        """A connection exception raised while handling a frame: connection.close."""
+        if isinstance(exc, FrameError):
             await self.close_with(connection_error(exc.code, str(exc)))
+            return
+        if exc.channel:   # a channel error escaped its channel (cannot happen on channel 0)
+            exc = connection_error(exc.code, exc.text, exc.method)
+        await self.close_with(exc)
 
     async def _handle_frame(self, frame: framing.Frame) -> None:
         if self.state == "closing":
@@ -330,6 +339,61 @@ async def _heartbeats(conn: Connection) -> None:
             conn.write(framing.heartbeat_frame())
 
 
+class _ReadDeadline:
+    """asyncio.timeout for the reads of one connection without a timer per read: one timer,
+    moved only when a read's deadline comes before it, re-armed when it fires early (the common
+    case: each read pushes the deadline later). On expiry it cancels the reading task, as
+    asyncio.timeout does; `expired()` tells that cancellation from any other."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self._loop = loop
+        self._task = asyncio.current_task()
+        self._base = self._task.cancelling()
+        self._deadline: float | None = None   # of the current read (None: none)
+        self._at = 0.0                        # when the timer fires
+        self._timer: asyncio.TimerHandle | None = None
+        self._fired = False
+        self.reading = False
+
+    def arm(self, timeout: float | None) -> None:
+        """Before a read: it may take `timeout` seconds (None: forever)."""
+        self.reading = True
+        if timeout is None:
+            self._deadline = None
+            return
+        deadline = self._deadline = self._loop.time() + timeout
+        if self._timer is None or deadline < self._at:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._at = deadline
+            self._timer = self._loop.call_at(deadline, self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        deadline = self._deadline
+        if not self.reading or deadline is None:
+            return   # the next arm() sets a timer again
+        if deadline <= self._at:
+            self._fired = True
+            self._task.cancel()
+        else:
+            self._at = deadline
+            self._timer = self._loop.call_at(deadline, self._fire)
+
+    def expired(self) -> bool:
+        """After a CancelledError out of a read: True when the deadline caused it (and nothing
+        else asked to cancel the task meanwhile); the cancellation is then taken back."""
+        if not self._fired:
+            return False
+        self._fired = False
+        return self._task.uncancel() <= self._base
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
 async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, initial: bytes, ctx: Any) -> None:
     peername = writer.get_extra_info("peername")
     peer = f"{peername[0]}:{peername[1]}" if isinstance(peername, tuple) else str(peername)
@@ -347,6 +411,7 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ini
     frame_started: float | None = None   # when the first byte of the incomplete frame arrived
     conn.start()
     beat = asyncio.create_task(_heartbeats(conn), name=f"amqp091-heartbeat-{conn.id}")
+    watch = _ReadDeadline(loop)
     try:
         while not conn.finished:
             if conn.state == "closing":
@@ -361,12 +426,17 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ini
                 # Absolute from the frame's first byte: trickling bytes does not extend it.
                 left = max(frame_started + frame_timeout - loop.time(), 0.0)
                 timeout = left if timeout is None else min(timeout, left)
+            # _ReadDeadline, not asyncio.timeout or wait_for: no timer (or task) per read.
+            watch.arm(timeout)
             try:
-                # asyncio.timeout, not wait_for: no task per read (Python 3.11's wait_for wraps the
-                # read in one; a consumer's acks arrive a few per read).
-                async with asyncio.timeout(timeout):
-                    data = await reader.read(65536)
-            except asyncio.TimeoutError:
+                data = await reader.read(65536)
+            except asyncio.CancelledError:
+                if not watch.expired():
+                    raise   # not the deadline's: server shutdown (below)
+                data = None
+            finally:
+                watch.reading = False
+            if data is None:   # the read's deadline passed
                 if (frame_started is not None and frame_timeout and conn.state != "closing"
                         and loop.time() - frame_started >= frame_timeout):
                     await conn.close_with(connection_error(
@@ -393,10 +463,15 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ini
             elif frames or frame_started is None:
                 frame_started = loop.time()
             for frame in frames:
-                if frame.type != FRAME_METHOD or not conn.fast_ack(frame):
+                try:
+                    if conn.fast_frame(frame):
+                        continue
+                except (AMQPError, FrameError) as exc:
+                    await conn.failed(exc)
+                else:
                     await conn.handle_frame(frame)
-                    if conn.finished:
-                        break
+                if conn.finished:
+                    break
             if decoder.error_pending and not conn.finished:
                 # Complete frames before a broken one were handled above; now the broken one.
                 try:
@@ -418,6 +493,7 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ini
         pass
     finally:
         beat.cancel()
+        watch.close()
         try:
             conn.transport.flush()   # a last frame (connection.close) goes out before the socket closes
         except Exception:  # noqa: BLE001 - the socket may be gone already

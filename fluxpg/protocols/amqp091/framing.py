@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 from pamqp import base, commands, constants, decode, encode, header, heartbeat
 
@@ -32,6 +33,7 @@ FRAME_OVERHEAD = FRAME_HEADER_SIZE + 1         # header + frame-end byte
 MIN_FRAME_MAX = 4096                           # spec: frame-min-size; valid before tune-ok
 
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
+_FRAME_TYPES = frozenset((FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT))
 
 _HEADER = struct.Struct(">BHI")
 _U32 = struct.Struct(">I")
@@ -144,21 +146,30 @@ class FrameDecoder:
         """Add bytes; return the complete frames now available (possibly none)."""
         if self._error is not None:
             raise self._error
-        if data:
-            self._buf += data
+        if not self._buf:
+            # The usual case: the read starts at a frame boundary. Frames are sliced from the
+            # read's bytes (one copy each), only a partial frame at the end is kept.
+            buf = data
+        else:
+            if data:
+                self._buf += data
+            buf = self._buf
         frames: list[Frame] = []
-        buf = self._buf
+        append = frames.append
+        unpack = _HEADER.unpack_from
+        limits = self.limits
+        max_frame = self.max_frame
         pos = 0
         n = len(buf)
         error: FrameError | None = None
         while n - pos >= FRAME_HEADER_SIZE:
-            ftype, channel, size = _HEADER.unpack_from(buf, pos)
-            if ftype not in (FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT):
+            ftype, channel, size = unpack(buf, pos)
+            if ftype not in _FRAME_TYPES:
                 error = FrameError(f"unknown frame type {ftype}")
                 break
             total = FRAME_OVERHEAD + size
-            if self.max_frame and total > self.max_frame:
-                error = FrameError(f"frame of {total} bytes exceeds the negotiated frame-max {self.max_frame}")
+            if max_frame and total > max_frame:
+                error = FrameError(f"frame of {total} bytes exceeds the negotiated frame-max {max_frame}")
                 break
             if n - pos < total:
                 break
@@ -166,17 +177,20 @@ class FrameDecoder:
             if end != FRAME_END:
                 error = FrameError(f"frame-end byte is 0x{end:02x}, not 0xCE")
                 break
-            payload = bytes(buf[pos + FRAME_HEADER_SIZE:pos + total - 1])
-            # A basic.ack of the exact size (one per consumed message) holds no table: the scan
-            # would only walk its fixed fields.
-            if (self.limits is not None and ftype in (FRAME_METHOD, FRAME_HEADER)
-                    and not (size == 13 and ftype == FRAME_METHOD and payload[:4] == _ACK_INDEX)):
+            payload = buf[pos + FRAME_HEADER_SIZE:pos + total - 1]
+            if type(payload) is not bytes:
+                payload = bytes(payload)
+            # A basic.ack of the exact size (one per consumed message) and a basic.publish laid
+            # out exactly (one per published message) hold no table: the scan would only walk
+            # their fixed fields.
+            if (limits is not None and (ftype == FRAME_HEADER or ftype == FRAME_METHOD and not (
+                    (size == 13 and payload[:4] == _ACK_INDEX) or _exact_publish(payload)))):
                 try:
-                    prescan.amqp091_frame(ftype, payload, self.limits)
+                    prescan.amqp091_frame(ftype, payload, limits)
                 except prescan.DecodeLimitError as exc:
                     error = FrameError(f"frame on channel {channel} refused before decoding: {exc}")
                     break
-            frames.append(Frame(ftype, channel, payload))
+            append(Frame(ftype, channel, payload))
             pos += total
         if error is not None:
             # The stream cannot be framed past this point: drop what is buffered (it is garbage
@@ -186,8 +200,11 @@ class FrameDecoder:
             if not frames:
                 raise error
             return frames
-        if pos:
-            del buf[:pos]
+        if buf is self._buf:
+            if pos:
+                del buf[:pos]
+        elif pos < len(buf):
+            self._buf = bytearray(buf[pos:]) if pos else bytearray(buf)
         return frames
 
     @property
@@ -238,6 +255,25 @@ def _fast_method(payload: bytes) -> base.Frame | None:
     return None
 
 
+def _exact_publish(payload: bytes) -> bool:
+    """A basic.publish payload whose fields end exactly at its end (what _fast_method decodes)."""
+    if payload[:4] != _PUBLISH_INDEX:
+        return False
+    n = len(payload)
+    if n < 9:   # class, method, ticket, two empty shortstrs, bits
+        return False
+    p = 7 + payload[6]
+    return p < n and p + 1 + payload[p] == n - 1
+
+
+def publish_method(payload: bytes) -> commands.Basic.Publish | None:
+    """A basic.publish payload laid out exactly as the spec says, decoded as decode_method does;
+    None for anything else (another method, or one decode_method must look at)."""
+    if payload[:4] != _PUBLISH_INDEX:
+        return None
+    return _fast_method(payload)
+
+
 def ack_fields(payload: bytes) -> tuple[int, bool] | None:
     """(delivery tag, multiple) of a basic.ack payload laid out exactly as the spec says, as
     decode_method reads it; None for anything else."""
@@ -285,38 +321,82 @@ _DECODE_PLAN = tuple((name, commands.Basic.Properties.flags[name], getattr(comma
 _plans: dict[int, tuple[tuple[str, str], ...]] = {}   # property flags → the fields present, in order
 
 
+def _props_decoder(flags: int):
+    """A function decoding the property fields that `flags` announces (bytes after the flags word)
+    into a Properties, written out for these flags: what the loop in _props_generic does, without
+    its per-field dispatch and setattr calls. None returned by it: not laid out exactly."""
+    present = {}
+    lines = ["def decode(payload, n):", "    p = 14"]
+    for name, flag, kind in _DECODE_PLAN:   # pamqp's slot names: identifiers, never input
+        if not flags & flag:
+            continue
+        present[name] = True
+        if kind == "shortstr":
+            lines += ["    e = p + 1 + payload[p]", "    if e > n:", "        return None",
+                      f"    v_{name} = payload[p + 1:e].decode('utf-8')", "    p = e"]
+        elif kind == "octet":
+            lines += [f"    v_{name} = payload[p]", "    p += 1"]
+        elif kind == "table":
+            lines += [f"    used, v_{name} = field_table(payload[p:])", "    p += used"]
+        else:   # timestamp
+            lines += ["    if p + 8 > n:", "        return None", f"    used, v_{name} = timestamp(payload[p:])",
+                      "    p += used"]
+    lines += ["    if p != n:", "        return None", "    props = new(Properties)"]
+    for name, default in _PROPERTY_DEFAULTS:
+        lines.append(f"    props.{name} = v_{name}" if name in present else f"    props.{name} = {default!r}")
+    lines.append("    return props")
+    scope = {"field_table": decode.field_table, "timestamp": decode.timestamp, "Properties": commands.Basic.Properties,
+             "new": commands.Basic.Properties.__new__}
+    exec("\n".join(lines), scope)   # noqa: S102 - generated from pamqp's property table only
+    return scope["decode"]
+
+
+_decoders: dict[int, Any] = {}   # property flags → _props_decoder(flags); bounded (flags come from clients)
+_MAX_DECODERS = 64
+
+
+def _props_generic(payload: bytes, flags: int) -> commands.Basic.Properties | None:
+    plan = _plans.get(flags)
+    if plan is None:
+        plan = _plans[flags] = tuple((name, kind) for name, flag, kind in _DECODE_PLAN if flags & flag)
+    props = commands.Basic.Properties.__new__(commands.Basic.Properties)   # no __init__: no validate()
+    for name, default in _PROPERTY_DEFAULTS:
+        setattr(props, name, default)
+    p = 14
+    for name, kind in plan:
+        if kind == "shortstr":
+            end = p + 1 + payload[p]
+            if end > len(payload):
+                return None
+            value = payload[p + 1:end].decode("utf-8")
+            p = end
+        elif kind == "octet":
+            value = payload[p]
+            p += 1
+        elif kind == "table":
+            used, value = decode.field_table(payload[p:])
+            p += used
+        else:   # timestamp
+            if p + 8 > len(payload):
+                return None
+            used, value = decode.timestamp(payload[p:])
+            p += used
+        setattr(props, name, value)
+    if p != len(payload):
+        return None
+    return props
+
+
 def _fast_content_header(payload: bytes) -> header.ContentHeader | None:
     try:
         class_id, weight, body_size, flags = _CONTENT_HEADER.unpack_from(payload, 0)
         if flags & 1:
             return None
-        plan = _plans.get(flags)
-        if plan is None:
-            plan = _plans[flags] = tuple((name, kind) for name, flag, kind in _DECODE_PLAN if flags & flag)
-        props = commands.Basic.Properties.__new__(commands.Basic.Properties)   # no __init__: no validate()
-        for name, default in _PROPERTY_DEFAULTS:
-            setattr(props, name, default)
-        p = 14
-        for name, kind in plan:
-            if kind == "shortstr":
-                end = p + 1 + payload[p]
-                if end > len(payload):
-                    return None
-                value = payload[p + 1:end].decode("utf-8")
-                p = end
-            elif kind == "octet":
-                value = payload[p]
-                p += 1
-            elif kind == "table":
-                used, value = decode.field_table(payload[p:])
-                p += used
-            else:   # timestamp
-                if p + 8 > len(payload):
-                    return None
-                used, value = decode.timestamp(payload[p:])
-                p += used
-            setattr(props, name, value)
-        if p != len(payload):
+        dec = _decoders.get(flags)
+        if dec is None and len(_decoders) < _MAX_DECODERS:
+            dec = _decoders[flags] = _props_decoder(flags)
+        props = dec(payload, len(payload)) if dec is not None else _props_generic(payload, flags)
+        if props is None:
             return None
     except Exception:  # noqa: BLE001 - anything odd: pamqp decides, as before
         return None
@@ -511,12 +591,25 @@ def content_frames(channel: int, properties: commands.Basic.Properties, payload:
     return b"".join(out)
 
 
+_ACK_FRAME = struct.Struct(">BHIIqBB")   # frame header, basic.ack's index, tag, bits, frame-end
+_ACK_INDEX_INT = commands.Basic.Ack.index
+
+
+def ack_frame(channel: int, delivery_tag: int, multiple: bool) -> bytes:
+    """method_frame(channel, basic.ack(delivery_tag, multiple)) written directly (a publisher
+    confirm per batch of publishes)."""
+    try:
+        return _ACK_FRAME.pack(FRAME_METHOD, channel, 13, _ACK_INDEX_INT, delivery_tag, 1 if multiple else 0, FRAME_END)
+    except struct.error:
+        return method_frame(channel, commands.Basic.Ack(delivery_tag, multiple))
+
+
 def heartbeat_frame() -> bytes:
     return _HEARTBEAT_BYTES
 
 
 __all__ = [
-    "AMQPError", "Frame", "FrameDecoder", "FrameError", "PROTOCOL_HEADER", "build", "channel_error",
+    "AMQPError", "Frame", "FrameDecoder", "FrameError", "PROTOCOL_HEADER", "ack_frame", "build", "channel_error",
     "connection_error", "content_frames", "decode_content_header", "decode_method", "deliver_frame", "heartbeat_frame",
     "method_frame",
 ]

@@ -92,6 +92,12 @@ def _text(value: Any) -> str | None:
     return str(value)
 
 
+_SHARED_ITEMS = tuple(_SHARED.items())
+# (attribute, key, how): 0 text, 1 timestamp (unix seconds), 2 integer
+_RESERVED_ITEMS = tuple((attr, key, 1 if attr == "timestamp" else 2 if attr in ("delivery_mode", "priority") else 0)
+                        for attr, key in _RESERVED.items())
+
+
 def headers_from_properties(props: Properties | None, exchange: str, routing_key: str) -> dict[str, Any]:
     """What to store for a published message (see the module docstring)."""
     out: dict[str, Any] = {}
@@ -100,24 +106,24 @@ def headers_from_properties(props: Properties | None, exchange: str, routing_key
         if table:
             for key, value in table.items():
                 out[_text(key) or ""] = json_safe(value)
-        for attr, key in _SHARED.items():
+        for attr, key in _SHARED_ITEMS:
             value = getattr(props, attr, None)
             if value not in (None, ""):
-                out[key] = _text(value)
-        for attr, key in _RESERVED.items():
+                out[key] = value if type(value) is str else _text(value)
+        for attr, key, how in _RESERVED_ITEMS:
             value = getattr(props, attr, None)
             if value in (None, ""):
                 continue
-            if attr == "timestamp":
+            if how == 0:
+                out[key] = value if type(value) is str else _text(value)
+            elif how == 1:
                 if isinstance(value, _dt.datetime):
                     if value.tzinfo is None:
                         value = value.replace(tzinfo=_dt.timezone.utc)
                     value = int(value.timestamp())
                 out[key] = value
-            elif attr in ("delivery_mode", "priority"):
-                out[key] = int(value)
             else:
-                out[key] = _text(value)
+                out[key] = int(value)
     if exchange:
         out[EXCHANGE_KEY] = exchange
     out[ROUTING_KEY_KEY] = routing_key

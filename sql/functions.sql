@@ -292,6 +292,35 @@ $$;
 -- Queues and segments
 -- ---------------------------------------------------------------------------------------------
 
+-- A new queue's log table joins fluxpg.log under ACCESS EXCLUSIVE on fluxpg.log alone (ONLY: not
+-- its thousands of segments). ATTACH PARTITION by itself takes SHARE UPDATE EXCLUSIVE, which does
+-- not conflict with the ACCESS SHARE a backend holds while it builds fluxpg.log's list of
+-- partitions: a backend building that list while the ATTACH commits can keep a list without the
+-- new queue until fluxpg.log changes again. Seen on PostgreSQL 16.2 (the embedded server): one
+-- pool connection of a broker kept reading a new dead-letter queue as empty, and _dead_letter
+-- run there would have found no rows to move. Under ACCESS EXCLUSIVE every reader builds the
+-- list after the commit. Each attempt waits at most 50 ms (readers and writers of every queue
+-- queue behind a waiting ACCESS EXCLUSIVE), about 2 s in all; then the declaration fails with
+-- lock_not_available and can be retried (a long transaction reading fluxpg.log holds it off).
+CREATE OR REPLACE FUNCTION fluxpg._lock_log_for_new_queue(qname text) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+  timeout text := current_setting('lock_timeout');
+BEGIN
+  FOR attempt IN 1 .. 40 LOOP
+    BEGIN
+      PERFORM set_config('lock_timeout', '50ms', true);   -- undone with the subtransaction on failure
+      LOCK TABLE ONLY fluxpg.log IN ACCESS EXCLUSIVE MODE;
+      PERFORM set_config('lock_timeout', timeout, true);
+      RETURN;
+    EXCEPTION WHEN lock_not_available THEN
+      PERFORM pg_sleep(0.005 * attempt);
+    END;
+  END LOOP;
+  RAISE EXCEPTION USING ERRCODE = 'lock_not_available',
+    MESSAGE = format('cannot create queue %L now: fluxpg.log is busy (a long transaction reads it); try again', qname);
+END $$;
+
 -- Create segments (child tables of the queue's log table) until offset `upto` is covered.
 -- Runs under the head row lock of (queue, partition), so concurrent appenders never race.
 -- CREATE ... LIKE + ATTACH takes only SHARE UPDATE EXCLUSIVE on the parent: readers and
@@ -435,6 +464,7 @@ BEGIN
     old_parts := 0;
     INSERT INTO fluxpg.queues (name, kind, topics, partitions, segment_size, settings)
     VALUES (qname, qkind, declare_queue.topics, parts, size, s) RETURNING * INTO q;
+    PERFORM fluxpg._lock_log_for_new_queue(qname);
     EXECUTE format('CREATE TABLE fluxpg.%I (LIKE fluxpg.log INCLUDING ALL) PARTITION BY RANGE (partition, seq)', 'log_' || q.id);
     EXECUTE format('ALTER TABLE fluxpg.log ATTACH PARTITION fluxpg.%I FOR VALUES IN (%s)', 'log_' || q.id, q.id);
     EXECUTE format('COMMENT ON TABLE fluxpg.%I IS %L', 'log_' || q.id, format('Log of queue %s (segments are its partitions)', qname));
@@ -1309,6 +1339,7 @@ DECLARE
   targets int[];
   moved_at text := to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"');
   k int;
+  moved int;   -- NULL: the DLQ is disabled, nothing to move
 BEGIN
   IF coalesce((q.settings #>> '{dlq,enabled}')::boolean, true) THEN
     targets := ARRAY[fluxpg._dlq_queue(q)];
@@ -1325,9 +1356,18 @@ BEGIN
              WHERE l.queue_id = q.id AND l.partition = part AND l.seq BETWEEN fluxpg._lo(seqs) AND fluxpg._hi(seqs) AND l.seq = ANY (seqs)) m
       CROSS JOIN unnest(targets) AS t(id)
     HAVING count(*) > 0;
+    GET DIAGNOSTICS moved = ROW_COUNT;   -- append_batch's rows: one per message moved
   END IF;
   DELETE FROM fluxpg.pending WHERE group_id = g.id AND partition = part AND seq BETWEEN fluxpg._lo(seqs) AND fluxpg._hi(seqs) AND seq = ANY (seqs);
   GET DIAGNOSTICS k = ROW_COUNT;
+  IF moved < k THEN
+    -- A pending message whose row this backend could not read (a stale list of fluxpg.log's
+    -- partitions, see _lock_log_for_new_queue) would leave its group without reaching the DLQ:
+    -- fail instead, so the whole settlement rolls back and the message stays pending.
+    RAISE EXCEPTION USING ERRCODE = 'object_not_in_prerequisite_state',
+      MESSAGE = format('dead-lettering %s of queue %L: %s pending message(s) but %s log row(s) read; left pending',
+                       seqs, q.name, k, moved);
+  END IF;
   IF q.durability = 'transient' THEN
     PERFORM fluxpg._transient_forget(q, g, part, seqs);
   END IF;

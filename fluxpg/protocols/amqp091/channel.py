@@ -185,11 +185,17 @@ class Channel:
             return
         try:
             await self._dispatch(frame)
-        except AMQPError as err:
-            if not err.channel:
-                raise
-            self.fail(err)
-        except FluxError as exc:
+        except (AMQPError, FluxError) as exc:
+            self._fail_with(exc)
+
+    def _fail_with(self, exc: AMQPError | FluxError) -> None:
+        """A frame's handler failed: a channel-level error closes this channel; a connection-level
+        AMQPError goes on up (the connection closes)."""
+        if isinstance(exc, AMQPError):
+            if not exc.channel:
+                raise exc
+            self.fail(exc)
+        else:
             self.fail(_error_from_flux(exc, None))
 
     async def _dispatch(self, frame: framing.Frame) -> None:
@@ -663,12 +669,8 @@ class Channel:
             if m is None:
                 return False
             self._begin_publish(m)
-        except AMQPError as err:
-            if not err.channel:
-                raise
-            self.fail(err)
-        except FluxError as exc:
-            self.fail(_error_from_flux(exc, None))
+        except (AMQPError, FluxError) as exc:
+            self._fail_with(exc)
         return True
 
     def _complete(self) -> None:

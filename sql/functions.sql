@@ -300,8 +300,10 @@ $$;
 -- pool connection of a broker kept reading a new dead-letter queue as empty, and _dead_letter
 -- run there would have found no rows to move. Under ACCESS EXCLUSIVE every reader builds the
 -- list after the commit. Each attempt waits at most 50 ms (readers and writers of every queue
--- queue behind a waiting ACCESS EXCLUSIVE), about 2 s in all; then the declaration fails with
--- lock_not_available and can be retried (a long transaction reading fluxpg.log holds it off).
+-- queue behind a waiting ACCESS EXCLUSIVE); between attempts, sleeps growing by 5 ms let them
+-- through. 40 attempts: about 6 s in all (2 s of waiting, 4.1 s of sleeps); then the declaration
+-- fails with lock_not_available and can be retried (a long transaction reading fluxpg.log holds
+-- it off).
 CREATE OR REPLACE FUNCTION fluxpg._lock_log_for_new_queue(qname text) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE

@@ -41,7 +41,7 @@ async def test_declare_gives_up_on_a_long_reader_with_a_clear_error(dsn, conn, q
             started = time.monotonic()
             with pytest.raises(asyncpg.LockNotAvailableError, match="fluxpg.log is busy"):
                 await conn.fetchval("SELECT fluxpg.declare_queue($1, 'classic')", qname)
-            assert time.monotonic() - started > 1.0     # 40 attempts of 50 ms, short sleeps between
+            assert time.monotonic() - started > 1.0     # 40 attempts of 50 ms, growing sleeps between: ~6 s
     finally:
         await reader.close()
     assert await conn.fetchval("SELECT count(*) FROM fluxpg.queues WHERE name = $1", qname) == 0

@@ -259,14 +259,22 @@ BEGIN
   END IF;
 END $$;
 
--- Remember that a consumer is alive (throttled to one write a second per consumer). Locks the
--- member row (ON CONFLICT DO UPDATE locks it even when the throttle skips the write): call it
--- after the cursor row, never before (see the lock order above).
+-- Remember that a consumer is alive (throttled to one write a second per consumer). When it
+-- writes it locks the member row: call it after the cursor row, never before (see the lock order
+-- above). Within the second it only reads: ON CONFLICT DO UPDATE locks the row even when its WHERE
+-- skips the write, and that lock is a tuple write and a WAL record on every claim (~10 µs of each
+-- handoff). Nothing needs the lock then: a member seen within the second is not one that the
+-- member timeout (seconds) or a node's expiry removes.
 CREATE OR REPLACE FUNCTION fluxpg._touch_member(gid int, consumer text) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
   IF consumer IS NULL OR consumer = '' THEN
     RAISE EXCEPTION USING ERRCODE = 'FP004', MESSAGE = 'consumer name must not be empty';
+  END IF;
+  IF EXISTS (SELECT 1 FROM fluxpg.members m
+              WHERE m.group_id = gid AND m.name = consumer AND m.last_seen_at >= now() - interval '1 second'
+                AND m.node_id IS NOT DISTINCT FROM nullif(current_setting('fluxpg.node_id', true), '')::int) THEN
+    RETURN;
   END IF;
   INSERT INTO fluxpg.members AS m (group_id, name, node_id, last_seen_at)
   VALUES (gid, consumer, nullif(current_setting('fluxpg.node_id', true), '')::int, now())
@@ -807,26 +815,13 @@ BEGIN
     MESSAGE = format('message of %s bytes exceeds limits.max_message_size %s of queue %L', size, lim, qname);
 END $$;
 
--- The NOTIFYs of append_batch in the rest of this transaction end in `,@<this node>` (own) or in
--- nothing: set by append_claim and sequence_claim around their appends, whose node wakes its own
--- consumers itself (other nodes ignore the tag).
--- plpgsql, not sql: a SQL function returning void is not inlined, and is parsed and planned
--- again on every call (~30-60 µs of backend CPU each, two per sequencer round).
-CREATE OR REPLACE FUNCTION fluxpg._tag_notifies(own boolean) RETURNS void
-LANGUAGE plpgsql AS $$
-BEGIN
-  PERFORM set_config('fluxpg.notify_tag',
-                     CASE WHEN own THEN coalesce(',@' || nullif(current_setting('fluxpg.node_id', true), ''), '')
-                          ELSE '' END, true);
-END $$;
-
 -- Append a batch of rows (one per message and matching queue) in one transaction; returns each
 -- input row's (ordinal, queue, partition, seq). Heads are locked in (queue_id, partition) order,
 -- so concurrent batches never deadlock and appends to one partition commit in seq order.
 -- keys[i] (optional) picks the partition of a partitioned queue by hash; without one the
--- routing key does, and without that a round robin. One NOTIFY per call (its payload ends in the
--- transaction-local fluxpg.notify_tag, set only by fluxpg.sequence_claim; or in notify_tag when
--- given, as fluxpg.append_claim does: two function calls fewer per batch than setting it).
+-- routing key does, and without that a round robin. One NOTIFY per call; its payload ends in
+-- notify_tag: `,@<node>` when the calling node wakes its own consumers itself (fluxpg.append_claim,
+-- fluxpg.sequence_claim), other nodes ignore the tag.
 CREATE OR REPLACE FUNCTION fluxpg.append_batch(queue_ids int[], topics text[], payloads bytea[],
                                                headers jsonb[] DEFAULT NULL, keys text[] DEFAULT NULL,
                                                notify_tag text DEFAULT NULL)
@@ -881,7 +876,7 @@ BEGIN
       -- statement for every call (a custom plan always looked cheaper); the same below.
       RETURN QUERY SELECT u.i::int, q.id, 0, first + u.i - 1 FROM unnest(queue_ids) WITH ORDINALITY AS u(x, i);
       -- An assignment is a simple expression; PERFORM would start an executor for it.
-      notified := pg_notify('fluxpg_log', q.id::text || coalesce(notify_tag, current_setting('fluxpg.notify_tag', true), '')) IS NULL;
+      notified := pg_notify('fluxpg_log', q.id::text || coalesce(notify_tag, '')) IS NULL;
       RETURN;
     END IF;
   END IF;
@@ -938,7 +933,7 @@ BEGIN
   SELECT rows.i, rows.qid, rows.p, rows.s FROM rows ORDER BY rows.i;
 
   PERFORM pg_notify('fluxpg_log', array_to_string(ARRAY(SELECT DISTINCT x FROM unnest(res_q) x ORDER BY 1), ',')
-                                  || coalesce(notify_tag, current_setting('fluxpg.notify_tag', true), ''));
+                                  || coalesce(notify_tag, ''));
 END $$;
 COMMENT ON FUNCTION fluxpg.append_batch(int[], text[], bytea[], jsonb[], text[], text) IS 'Group-commit append of many messages to many queues in one transaction (used by the broker)';
 
@@ -1130,14 +1125,14 @@ END $$;
 COMMENT ON FUNCTION fluxpg.publish_batch(text[], bytea[], jsonb[]) IS 'fluxpg.publish for many messages (in order) in the caller''s transaction; returns (ordinal, queue) per queue reached';
 
 -- Take the committed outbox messages of transactions `txids` (in that order, each transaction's
--- in id order), of queue qid or of every queue when qid is NULL, or only message `one`, and
--- append them to the log; returns the queue id of each message appended (empty: none). The one
--- place the sequencer moves rows.
+-- in id order) of queue qid, or only message `one` of it, and append them to the log; returns
+-- the queue id of each message appended (empty: none). The slow path of fluxpg._sequence (a
+-- queue refused the whole batch): one queue, message by message.
 -- Both statements go through the (txid, id) primary key, one lookup per transaction: the
 -- transaction list drives the LATERAL (OFFSET 0 keeps it a per-row lookup) and the DELETE takes
 -- the array whole. A plain join let the cached generic plan scan the outbox and rescan the list
 -- for every row (measured: 300 µs per message instead of 12 for a 2,000-message round).
-CREATE OR REPLACE FUNCTION fluxpg._append_outbox(qid int, txids xid8[], one bigint DEFAULT NULL) RETURNS int[]
+CREATE OR REPLACE FUNCTION fluxpg._append_outbox(qid int, txids xid8[], one bigint, notify_tag text) RETURNS int[]
 LANGUAGE plpgsql AS $$
 DECLARE
   qids int[]; topics text[]; payloads bytea[]; hdrs jsonb[]; keys text[];
@@ -1150,18 +1145,16 @@ BEGIN
             FROM unnest(txids) WITH ORDINALITY AS m(txid, k)
             CROSS JOIN LATERAL (SELECT o.id, o.queue_id, o.topic, o.payload, o.headers, o.part_key
                                   FROM fluxpg.outbox o
-                                 WHERE o.txid = m.txid AND (qid IS NULL OR o.queue_id = qid) AND (one IS NULL OR o.id = one)
+                                 WHERE o.txid = m.txid AND o.queue_id = qid AND (one IS NULL OR o.id = one)
                                 OFFSET 0) o
            ORDER BY m.k, o.id) o;
   IF qids IS NULL THEN RETURN '{}'; END IF;
-  IF qid IS NULL THEN
-    DELETE FROM fluxpg.outbox o WHERE o.txid = ANY (txids);
-  ELSIF one IS NULL THEN
+  IF one IS NULL THEN
     DELETE FROM fluxpg.outbox o WHERE o.txid = ANY (txids) AND o.queue_id = qid;
   ELSE
     DELETE FROM fluxpg.outbox o WHERE o.txid = ANY (txids) AND o.id = one;
   END IF;
-  PERFORM fluxpg.append_batch(qids, topics, payloads, hdrs, keys);
+  PERFORM fluxpg.append_batch(qids, topics, payloads, hdrs, keys, notify_tag);
   RETURN qids;
 END $$;
 
@@ -1171,7 +1164,7 @@ END $$;
 -- that order across nodes. A queue whose append fails (full, for instance) keeps its messages, in
 -- order, with the error, while the other queues' messages move on; a transaction's marker goes
 -- when its last message has; messages of a queue that no longer exists are discarded with it.
--- Returns the number of messages appended.
+-- notify_tag: as fluxpg.append_batch's (NULL: the transaction's fluxpg.notify_tag).
 --
 -- Which transactions may be numbered: every one whose marker this call sees, i.e. that has
 -- committed. A transaction still committing (marker cseq taken, commit not yet visible) is
@@ -1179,20 +1172,29 @@ END $$;
 -- offset N never later finds a message below N. Two transactions whose commits overlap are
 -- appended in the order they became visible, which is a commit order.
 --
--- _sequence returns the queue id of every message appended; fluxpg.sequence_staged (the SQL
--- API) how many, fluxpg.sequence_claim (the broker's sequencer) also claims for its waiting
--- consumers in the same transaction.
-CREATE OR REPLACE FUNCTION fluxpg._sequence(max_rows int) RETURNS int[]
+-- Returns the queue id of every message appended, in append order (moved); when everything went
+-- in one append (the fast path, the common case) also each one's offset and the message itself
+-- (seqs, topics, payloads, hdrs: what fluxpg._handoff_claims needs to hand a waiting consumer the
+-- messages without reading them back from the log), else those are NULL.
+-- fluxpg.sequence_staged (the SQL API) returns how many; fluxpg.sequence_claim (the broker's
+-- sequencer) also claims for its waiting consumers in the same transaction.
+-- The fast path is few statements on purpose: each is an executor start-up (and a plan check)
+-- on every round, and a round's fixed cost is most of what a message published at a low rate
+-- waits for (issue 15's end-to-end latency).
+CREATE OR REPLACE FUNCTION fluxpg._sequence(max_rows int, notify_tag text DEFAULT NULL,
+                                            OUT moved int[], OUT seqs bigint[], OUT topics text[],
+                                            OUT payloads bytea[], OUT hdrs jsonb[])
 LANGUAGE plpgsql AS $$
 DECLARE
-  moved int[] := '{}';
   n int;
   qid int;
   r record;
   txids xid8[];
   marks bigint[];
+  keys text[];
   locked boolean;
 BEGIN
+  moved := '{}';
   -- The markers, oldest first, and their transactions in the order of each one's first marker (a
   -- transaction has one per fluxpg.publish call, all taken at its commit). Read before the lock,
   -- and not again after it: rows another sequencer moved meanwhile are simply not found below,
@@ -1201,20 +1203,35 @@ BEGIN
   -- sequential scan would read every dead marker not yet vacuumed).
   SELECT array_agg(c.cseq), array_agg(c.txid ORDER BY c.cseq) INTO marks, txids
     FROM (SELECT c.cseq, c.txid FROM fluxpg.outbox_commits c ORDER BY c.cseq LIMIT max_rows) c;
-  IF marks IS NULL THEN RETURN moved; END IF;
+  IF marks IS NULL THEN RETURN; END IF;
   IF cardinality(txids) > 1 THEN
     -- Each transaction once, where its first marker is (a window over the markers instead cost
     -- ~50 µs a round more than this).
     txids := ARRAY(SELECT u.t FROM unnest(txids) WITH ORDINALITY AS u(t, k) GROUP BY u.t ORDER BY min(u.k));
   END IF;
   locked := pg_advisory_xact_lock(1179669332, 0) IS NULL;  -- a simple expression, not a query
-  -- Fast path: everything in one append (one head lock per queue partition, one NOTIFY).
+  -- Fast path: everything in one append (one head lock per queue partition, one NOTIFY). The
+  -- DELETE returns the rows it takes (through the primary key, the array whole); one sort puts
+  -- them in commit order for all five aggregates.
   BEGIN
-    moved := fluxpg._append_outbox(NULL, txids);
+    WITH d AS (DELETE FROM fluxpg.outbox o WHERE o.txid = ANY (txids)
+               RETURNING o.txid, o.id, o.queue_id, o.topic, o.payload, o.headers, o.part_key)
+    SELECT array_agg(d.queue_id), array_agg(d.topic), array_agg(d.payload), array_agg(d.headers), array_agg(d.part_key)
+      INTO moved, topics, payloads, hdrs, keys
+      FROM (SELECT d.queue_id, d.topic, d.payload, d.headers, d.part_key
+              FROM d JOIN unnest(txids) WITH ORDINALITY AS m(txid, k) ON m.txid = d.txid
+             ORDER BY m.k, d.id) d;
+    IF moved IS NULL THEN
+      moved := '{}';   -- another sequencer moved them meanwhile
+    ELSE
+      -- append_batch returns one row per input row, in input order.
+      seqs := ARRAY(SELECT a.seq FROM fluxpg.append_batch(moved, topics, payloads, hdrs, keys, notify_tag) a);
+    END IF;
     DELETE FROM fluxpg.outbox_commits c WHERE c.cseq = ANY (marks);
-    RETURN moved;
+    RETURN;
   EXCEPTION WHEN OTHERS THEN
-    moved := '{}';  -- some queue refused (all rolled back): go queue by queue below
+    moved := '{}'; seqs := NULL; topics := NULL; payloads := NULL; hdrs := NULL;
+    -- some queue refused (all rolled back): go queue by queue below
   END;
   -- Slow path, queue by queue and message by message (a batch larger than the room left in a
   -- queue must still make progress), stopping at a queue's first refusal to keep its order.
@@ -1229,7 +1246,7 @@ BEGIN
                CROSS JOIN LATERAL (SELECT o.id FROM fluxpg.outbox o WHERE o.txid = m.txid AND o.queue_id = qid OFFSET 0) o
               ORDER BY m.k, o.id LOOP
       BEGIN
-        moved := moved || fluxpg._append_outbox(qid, txids, r.id);
+        moved := moved || fluxpg._append_outbox(qid, txids, r.id, notify_tag);
       EXCEPTION WHEN OTHERS THEN
         UPDATE fluxpg.outbox o SET attempts = o.attempts + 1, last_error = SQLERRM
          WHERE o.queue_id = qid AND o.txid = ANY (txids);
@@ -1240,21 +1257,21 @@ BEGIN
   -- Markers go with their transaction's last message.
   DELETE FROM fluxpg.outbox_commits c
    WHERE c.cseq = ANY (marks) AND NOT EXISTS (SELECT 1 FROM fluxpg.outbox o WHERE o.txid = c.txid);
-  RETURN moved;
 END $$;
 
 CREATE OR REPLACE FUNCTION fluxpg.sequence_staged(max_rows int DEFAULT 5000) RETURNS int
 LANGUAGE sql AS $$
-  SELECT cardinality(fluxpg._sequence(max_rows))
+  SELECT cardinality((fluxpg._sequence(max_rows)).moved)
 $$;
 COMMENT ON FUNCTION fluxpg.sequence_staged(int) IS 'Append messages of committed fluxpg.publish() transactions to the log in commit order (the brokers run it; call it yourself when no broker runs)';
 
 -- The broker's sequencer: fluxpg.sequence_staged plus, in the same transaction (committed
 -- asynchronously, as the move is), claims for the calling node's consumers waiting on the queues
--- it appended to (fluxpg.append_claim's handoff: the message reaches such a consumer with the
--- move's commit instead of after a NOTIFY and a claim transaction of its own). Rows: one per queue
--- appended to (target 0, the queue id, r_seq = how many messages), then target i's claimed
--- messages. With targets, the NOTIFY carries `@<node>`: the calling node wakes its own consumers.
+-- it appended to (fluxpg.append_claim's handoff, direct when the round went in one append: the
+-- message reaches such a consumer with the move's commit instead of after a NOTIFY and a claim
+-- transaction of its own). Rows: one per queue appended to (target 0, the queue id, r_seq = how
+-- many messages), then target i's claimed messages. With targets, the NOTIFY carries `@<node>`:
+-- the calling node wakes its own consumers.
 -- Committed asynchronously: the sequencer only moves rows that are already durable (the outbox,
 -- committed by the application), and its delete from the outbox, append to the log and claims
 -- commit or vanish together. A crash before the WAL writer flushed it leaves the rows in the outbox
@@ -1267,25 +1284,22 @@ RETURNS TABLE (r_target int, r_queue_id int, r_partition int, r_seq bigint, r_to
                r_payload bytea, r_headers jsonb, r_created_at timestamptz, r_delivery_count int)
 LANGUAGE plpgsql AS $$
 DECLARE
-  moved int[];
-  tagged boolean := cardinality(c_queues) > 0;
+  m record;
   setting text;
 BEGIN
   -- Assignments are simple expressions; a PERFORM is a query with its executor start-up (each
   -- one a few µs of every round, empty polls included).
   setting := set_config('synchronous_commit', 'off', true);
-  IF tagged THEN
-    PERFORM fluxpg._tag_notifies(true);
-  END IF;
-  moved := fluxpg._sequence(max_rows);
-  IF tagged THEN
-    PERFORM fluxpg._tag_notifies(false);
-  END IF;
-  IF cardinality(moved) > 0 THEN
-    RETURN QUERY SELECT 0, m.qid, NULL::int, count(*), NULL::text, NULL::bytea, NULL::jsonb, NULL::timestamptz, NULL::int
-                   FROM unnest(moved) AS m(qid) GROUP BY m.qid;
-    RETURN QUERY SELECT * FROM fluxpg._handoff_claims(c_queues, c_groups, c_consumers, c_n,
-                                                      ARRAY(SELECT DISTINCT unnest(moved)));
+  m := fluxpg._sequence(max_rows, CASE WHEN cardinality(c_queues) > 0
+                                       THEN coalesce(',@' || nullif(current_setting('fluxpg.node_id', true), ''), '') END);
+  IF cardinality(m.moved) > 0 THEN
+    RETURN QUERY SELECT 0, u.qid, NULL::int, count(*), NULL::text, NULL::bytea, NULL::jsonb, NULL::timestamptz, NULL::int
+                   FROM unnest(m.moved) AS u(qid) GROUP BY u.qid;
+    IF cardinality(c_queues) > 0 THEN
+      RETURN QUERY SELECT * FROM fluxpg._handoff_claims(c_queues, c_groups, c_consumers, c_n,
+                                                        ARRAY(SELECT DISTINCT unnest(m.moved)),
+                                                        m.moved, m.seqs, m.topics, m.payloads, m.hdrs);
+    END IF;
   END IF;
 END $$;
 COMMENT ON FUNCTION fluxpg.sequence_claim(int, text[], text[], text[], int[]) IS 'fluxpg.sequence_staged plus claims for the calling node''s waiting consumers in the same transaction (used by the broker''s sequencer); returns (0, queue id, count) per queue appended to, then (target, message) per claim';
@@ -1892,12 +1906,22 @@ DECLARE
   lowest bigint;
   expiring boolean;
   acks bigint[];
+  due boolean;
+  known boolean;
+  t record;
 BEGIN
   FOR i IN 1 .. coalesce(cardinality(c_queues), 0) LOOP
-    SELECT * INTO q FROM fluxpg.queues WHERE name = c_queues[i];
-    CONTINUE WHEN NOT FOUND OR q.kind <> 'classic';
-    SELECT * INTO g FROM fluxpg.groups WHERE queue_id = q.id AND name = c_groups[i];
+    -- One statement for what the target needs to know before it locks anything: its queue and
+    -- group, whether redeliveries are due, whether its member row exists (each a statement of its
+    -- own before: an executor start-up apiece on every round of the appender and the sequencer).
+    SELECT qq AS q, gg AS g,
+           EXISTS (SELECT 1 FROM fluxpg.pending p WHERE p.group_id = gg.id AND p.visible_at <= now()) AS due,
+           EXISTS (SELECT 1 FROM fluxpg.members mb WHERE mb.group_id = gg.id AND mb.name = c_consumers[i]) AS known
+      INTO t
+      FROM fluxpg.queues qq JOIN fluxpg.groups gg ON gg.queue_id = qq.id AND gg.name = c_groups[i]
+     WHERE qq.name = c_queues[i] AND qq.kind = 'classic';
     CONTINUE WHEN NOT FOUND;
+    q := t.q; g := t.g; due := t.due; known := t.known;   -- assignments: no executor start-up
     IF c_ack_targets IS NOT NULL AND i = ANY (c_ack_targets) THEN
       -- The target's carried acks (fluxpg.ack of a classic queue, partition 0), before its claim
       -- and before the member and cursor rows, the lock order of fluxpg.ack_claim. A queue or
@@ -1905,11 +1929,14 @@ BEGIN
       -- Through fluxpg.ack, as ack_claim: the one place an acknowledgement's rule lives.
       acks := ARRAY(SELECT u.s FROM unnest(c_ack_targets, c_ack_seqs) AS u(at, s) WHERE u.at = i);
       PERFORM fluxpg.ack(q.name, g.name, acks, 0);
+      due := EXISTS (SELECT 1 FROM fluxpg.pending p WHERE p.group_id = g.id AND p.visible_at <= now());
     END IF;
     CONTINUE WHEN coalesce((q.settings #>> '{dlq,expired}')::boolean, false);
     CONTINUE WHEN appended IS NOT NULL AND NOT (q.id = ANY (appended));
-    CONTINUE WHEN EXISTS (SELECT 1 FROM fluxpg.pending p WHERE p.group_id = g.id AND p.visible_at <= now());
-    PERFORM fluxpg._ensure_member(g.id, c_consumers[i]);
+    CONTINUE WHEN due;
+    IF NOT known THEN
+      PERFORM fluxpg._ensure_member(g.id, c_consumers[i]);
+    END IF;
     SELECT c.cursor INTO cur FROM fluxpg.cursors c WHERE c.group_id = g.id AND c.partition = 0 FOR UPDATE SKIP LOCKED;
     CONTINUE WHEN NOT FOUND;
     IF b_seqs IS NOT NULL AND c_n[i] >= 1 AND q.partitions = 1 AND g.filter_regex IS NULL
@@ -1981,7 +2008,7 @@ DECLARE
   a_s bigint[];
 BEGIN
   -- append_batch returns its rows in ordinal order, one per input row (a_* [i] is input row i).
-  -- Its NOTIFY is tagged with this node (see fluxpg._tag_notifies).
+  -- Its NOTIFY is tagged with this node (see fluxpg.append_batch).
   SELECT array_agg(a.ord ORDER BY a.ord), array_agg(a.queue_id ORDER BY a.ord),
          array_agg(a.partition ORDER BY a.ord), array_agg(a.seq ORDER BY a.ord)
     INTO a_ord, a_q, a_p, a_s

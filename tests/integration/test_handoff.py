@@ -292,6 +292,69 @@ async def test_append_claim_at_the_head_writes_the_claim_without_reading_the_log
     assert await claim(conn, qname, "g", "c", 10) == [2]
 
 
+async def test_sequencer_round_at_the_head_writes_the_claim_without_reading_the_log(dsn, conn, qname):
+    """fluxpg.sequence_claim: messages of two committed application transactions, the group's
+    cursor at the first offset the round appends. The claim is written from the moved rows (no
+    fluxpg.claim call), in commit order, and is what fluxpg.claim would have written: pending
+    for the consumer, the cursor past what was taken (n = 2 of 3)."""
+    await declare(conn, qname)
+    assert await claim(conn, qname, "g", "c", 1) == []
+    app = await asyncpg.connect(dsn)
+    try:
+        for batch in ([b"a", b"b"], [b"c"]):
+            async with app.transaction():
+                for p in batch:
+                    await fluxpg.publish(app, f"$queue/{qname}/k", p, {"p": p.decode()})
+    finally:
+        await app.close()
+
+    async def round_():
+        return await conn.fetch("SELECT r_target, r_seq, r_payload, r_headers, r_delivery_count "
+                                "FROM fluxpg.sequence_claim(100, $1, $2, $3, $4)", [qname], ["g"], ["c"], [2])
+
+    rows, calls = await _claim_calls_in(conn, round_)
+    assert calls == 0
+    qid = await conn.fetchval("SELECT id FROM fluxpg.queues WHERE name = $1", qname)
+    assert [tuple(r)[:2] for r in rows[:1]] == [(0, 3)]          # (0, count) for the queue moved into
+    assert [(r["r_target"], r["r_seq"], bytes(r["r_payload"]), r["r_headers"], r["r_delivery_count"]) for r in rows[1:]] \
+        == [(1, 0, b"a", {"p": "a"}, 1), (1, 1, b"b", {"p": "b"}, 1)]
+    assert rows[0]["r_seq"] == 3 and (await conn.fetchval("SELECT count(*) FROM fluxpg.log WHERE queue_id = $1", qid)) == 3
+    pending = await conn.fetch("SELECT seq, consumer, delivery_count FROM fluxpg.pending_entries WHERE queue = $1 "
+                               "ORDER BY seq", qname)
+    assert [tuple(r) for r in pending] == [(0, "c", 1), (1, "c", 1)]
+    assert await claim(conn, qname, "g", "c", 10) == [2]
+
+
+async def test_sequencer_round_with_a_backlog_or_a_refusal_claims_through_fluxpg_claim(dsn, conn, qname):
+    """The cursor behind the moved rows (a backlog), or a round that went message by message
+    after a queue refused the batch (full): fluxpg.claim runs, oldest first, nothing skipped."""
+    await declare(conn, qname, settings={"limits": {"max_depth": 4}})
+    assert await claim(conn, qname, "g", "c", 1) == []
+    await publish_many(conn, qname, 2)
+    app = await asyncpg.connect(dsn)
+    try:
+        async with app.transaction():
+            for p in (b"x", b"y", b"z"):     # 5 waiting in all: the batch does not fit, x and y do
+                await fluxpg.publish(app, f"$queue/{qname}/k", p)
+    finally:
+        await app.close()
+
+    async def round_():
+        return await conn.fetch("SELECT r_target, r_seq FROM fluxpg.sequence_claim(100, $1, $2, $3, $4)",
+                                [qname], ["g"], ["c"], [10])
+
+    rows, calls = await _claim_calls_in(conn, round_)
+    assert calls == 1
+    assert [tuple(r) for r in rows] == [(0, 2), (1, 0), (1, 1), (1, 2), (1, 3)]
+    assert await conn.fetchval("SELECT count(*) FROM fluxpg.outbox o JOIN fluxpg.queues q ON q.id = o.queue_id "
+                               "WHERE q.name = $1", qname) == 1     # z waits, in order, for room
+    assert await conn.fetchval("SELECT fluxpg.ack($1, 'g', $2)", qname, [0, 1, 2, 3]) == 4
+    assert await conn.fetchval("SELECT fluxpg.sequence_staged()") == 1
+    assert await conn.fetchval("SELECT count(*) FROM fluxpg.outbox_commits") == 0   # the markers went with z
+    assert [(r["seq"], bytes(r["payload"])) for r in await conn.fetch(
+        "SELECT seq, payload FROM fluxpg.claim($1, 'g', 'c', 10)", qname)] == [(4, b"z")]
+
+
 async def test_append_claim_with_a_backlog_claims_the_oldest_first(conn, qname):
     """The cursor behind the batch (a backlog): fluxpg.claim runs, oldest messages first."""
     await declare(conn, qname)

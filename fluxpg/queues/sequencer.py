@@ -34,7 +34,8 @@ from fluxpg.queues.appender import Handoff
 log = logging.getLogger("fluxpg.sequencer")
 
 BATCH = 5000        # messages appended per transaction
-POLL_MIN = 0.0005   # seconds between polls while messages keep arriving
+POLL_MIN = 0.0005   # seconds between polls while messages keep arriving (epoll waits whole
+                    # milliseconds: on a loop with nothing else to do this is 1 ms)
 POLL_MAX = 0.05     # ... and when idle without the sleep lock (another node sleeps)
 IDLE_POLL = 1.0     # asleep: look anyway after this long (a lost NOTIFY costs at most this)
 BUSY_RATIO = (0.5, 2.0)   # while busy, pause this many times as long as the last round took:
@@ -218,7 +219,7 @@ class Sequencer:
                 log.warning("appending outbox messages failed (retrying): %s", exc)
                 delay = POLL_MAX
                 continue
-            if moved:
+            if moved:    # busy: look again after a pause; idle: sleep until a commit wakes us
                 self._backoff = POLL_MIN
                 delay = busy_pause(moved, loop.time() - started)
             else:

@@ -297,3 +297,22 @@ SELECT partition, seq, topic, payload, created_at FROM fluxpg.log
 -- name: retention_leader
 -- Session-level: held by the retention loop's own connection while it leads.
 SELECT pg_try_advisory_lock($1);
+
+-- name: churned_tables
+-- fluxpg's tables with their dead and live row counts (PostgreSQL's statistics), for the broker's
+-- own vacuum (fluxpg/queues/vacuum.py). Plain tables and the transient log partition, which take
+-- a row version per message or per claim (outbox, outbox_commits, pending, cursors, heads,
+-- members, log_transient, ...); not the durable log's segments, which are only ever appended to
+-- and dropped whole by retention (thousands of them: reading their statistics every few seconds
+-- would be most of this query's cost).
+SELECT format('%I.%I', n.nspname, c.relname), pg_stat_get_dead_tuples(c.oid), pg_stat_get_live_tuples(c.oid)
+  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE n.nspname = 'fluxpg' AND c.relkind = 'r' AND (NOT c.relispartition OR c.relname = 'log_transient');
+
+-- name: vacuum_table
+-- {table}: a name churned_tables returned (quoted by format('%I.%I')). SKIP_LOCKED: another
+-- node (or autovacuum) vacuuming it already is enough.
+VACUUM (SKIP_LOCKED) {table};
+
+-- name: dead_rows
+SELECT pg_stat_get_dead_tuples($1::regclass);

@@ -44,6 +44,7 @@ from fluxpg.config import Config, QueueConfig, QueueManagerConfig
 from fluxpg.queues import classic, stream, transient
 from fluxpg.queues.appender import Appender, AppendRow, ClaimTarget
 from fluxpg.queues.sequencer import Sequencer
+from fluxpg.queues.vacuum import Vacuumer
 from fluxpg.selectors import selector_jsonpath
 from fluxpg.delivery import Delivery
 from fluxpg.errors import (FluxError, InvalidArgument, PayloadTooLarge, PreconditionFailed, Unavailable,
@@ -567,6 +568,7 @@ class QueueManager:
         self._listener: db.Listener | None = None
         self.appender: Appender | None = None
         self.sequencer: Sequencer | None = None
+        self.vacuumer: Vacuumer | None = None
         self._tasks: list[asyncio.Task] = []
         self._retention = None
         self.started = False
@@ -602,6 +604,7 @@ class QueueManager:
         self.appender.start()
         self.sequencer = Sequencer(self.pool, handoff=handoff, dsn=self.dsn)
         self.sequencer.start()
+        self.vacuumer = Vacuumer(self.pool)
         self._tasks.append(asyncio.create_task(self._housekeeping(), name="fluxpg-housekeeping"))
         if retention:
             from fluxpg.queues.retention import RetentionLoop
@@ -649,6 +652,11 @@ class QueueManager:
                 await db.fetchval(self.pool, "dead_letter_expired")
             except Exception as exc:  # noqa: BLE001
                 log.warning("dead-lettering expired messages failed: %s", exc)
+            try:
+                if self.vacuumer is not None:
+                    await self.vacuumer.run_once()
+            except Exception as exc:  # noqa: BLE001 - autovacuum (if on) still does it, later
+                log.warning("vacuuming fluxpg's tables failed: %s", exc)
 
     # --- queue registry -------------------------------------------------------------------------
 

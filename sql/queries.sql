@@ -304,10 +304,13 @@ SELECT pg_try_advisory_lock($1);
 -- a row version per message or per claim (outbox, outbox_commits, pending, cursors, heads,
 -- members, log_transient, ...); not the durable log's segments, which are only ever appended to
 -- and dropped whole by retention (thousands of them: reading their statistics every few seconds
--- would be most of this query's cost).
+-- would be most of this query's cost). Only tables this role may vacuum (their owner's members;
+-- a superuser is a member of every role): a broker running as a role that does not own the schema
+-- leaves them to autovacuum instead of a skipped VACUUM and its warning every heartbeat.
 SELECT format('%I.%I', n.nspname, c.relname), pg_stat_get_dead_tuples(c.oid), pg_stat_get_live_tuples(c.oid)
   FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
- WHERE n.nspname = 'fluxpg' AND c.relkind = 'r' AND (NOT c.relispartition OR c.relname = 'log_transient');
+ WHERE n.nspname = 'fluxpg' AND c.relkind = 'r' AND (NOT c.relispartition OR c.relname = 'log_transient')
+   AND pg_has_role(current_user, c.relowner, 'MEMBER');
 
 -- name: vacuum_table
 -- {table}: a name churned_tables returned (quoted by format('%I.%I')). SKIP_LOCKED: another

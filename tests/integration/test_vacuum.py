@@ -81,3 +81,14 @@ async def test_rows_an_open_transaction_sees_are_not_vacuumed_for_on_every_heart
         assert await _dead(pool, "fluxpg.outbox_commits") < 200
     finally:
         await holder.close()
+
+
+async def test_a_role_that_does_not_own_the_tables_leaves_them_to_autovacuum(conn):
+    """VACUUM by a non-owner is skipped with a warning: such a broker does not try every heartbeat."""
+    owned = await conn.fetch(db.queries()["churned_tables"])
+    assert "fluxpg.outbox_commits" in {r[0] for r in owned}
+    await conn.execute("DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'fluxpg_test_not_owner') "
+                       "THEN CREATE ROLE fluxpg_test_not_owner; END IF; END $$")
+    async with conn.transaction():
+        await conn.execute("SET LOCAL ROLE fluxpg_test_not_owner")
+        assert await conn.fetch(db.queries()["churned_tables"]) == []

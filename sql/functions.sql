@@ -1224,8 +1224,10 @@ BEGIN
     IF moved IS NULL THEN
       moved := '{}';   -- another sequencer moved them meanwhile
     ELSE
-      -- append_batch returns one row per input row, in input order.
-      seqs := ARRAY(SELECT a.seq FROM fluxpg.append_batch(moved, topics, payloads, hdrs, keys, notify_tag) a);
+      -- append_batch returns one row per input row; seqs[i] must be the offset of message i
+      -- (the handoff pairs them with topics[i], payloads[i]): ordered by the ordinal, not by the
+      -- order the rows happen to come back in.
+      seqs := ARRAY(SELECT a.seq FROM fluxpg.append_batch(moved, topics, payloads, hdrs, keys, notify_tag) a ORDER BY a.ord);
     END IF;
     DELETE FROM fluxpg.outbox_commits c WHERE c.cseq = ANY (marks);
     RETURN;

@@ -298,27 +298,33 @@ async def test_sequencer_round_at_the_head_writes_the_claim_without_reading_the_
     fluxpg.claim call), in commit order, and is what fluxpg.claim would have written: pending
     for the consumer, the cursor past what was taken (n = 2 of 3)."""
     await declare(conn, qname)
+    other = f"{qname}_o"
+    await declare(conn, other)
     assert await claim(conn, qname, "g", "c", 1) == []
     app = await asyncpg.connect(dsn)
     try:
-        for batch in ([b"a", b"b"], [b"c"]):
+        # A message of another queue between them: the round appends to two queues (append_batch's
+        # general path), and each handed message must still carry its own offset.
+        for batch in ([(qname, b"a"), (other, b"x"), (qname, b"b")], [(qname, b"c")]):
             async with app.transaction():
-                for p in batch:
-                    await fluxpg.publish(app, f"$queue/{qname}/k", p, {"p": p.decode()})
+                for q, p in batch:
+                    await fluxpg.publish(app, f"$queue/{q}/k", p, {"p": p.decode()})
     finally:
         await app.close()
 
     async def round_():
-        return await conn.fetch("SELECT r_target, r_seq, r_payload, r_headers, r_delivery_count "
+        return await conn.fetch("SELECT r_target, r_queue_id, r_seq, r_payload, r_headers, r_delivery_count "
                                 "FROM fluxpg.sequence_claim(100, $1, $2, $3, $4)", [qname], ["g"], ["c"], [2])
 
     rows, calls = await _claim_calls_in(conn, round_)
     assert calls == 0
     qid = await conn.fetchval("SELECT id FROM fluxpg.queues WHERE name = $1", qname)
-    assert [tuple(r)[:2] for r in rows[:1]] == [(0, 3)]          # (0, count) for the queue moved into
-    assert [(r["r_target"], r["r_seq"], bytes(r["r_payload"]), r["r_headers"], r["r_delivery_count"]) for r in rows[1:]] \
-        == [(1, 0, b"a", {"p": "a"}, 1), (1, 1, b"b", {"p": "b"}, 1)]
-    assert rows[0]["r_seq"] == 3 and (await conn.fetchval("SELECT count(*) FROM fluxpg.log WHERE queue_id = $1", qid)) == 3
+    oid = await conn.fetchval("SELECT id FROM fluxpg.queues WHERE name = $1", other)
+    # (0, count) per queue moved into; the count is in r_seq.
+    assert sorted((r["r_queue_id"], r["r_seq"]) for r in rows if r["r_target"] == 0) == sorted([(qid, 3), (oid, 1)])
+    assert [(r["r_target"], r["r_seq"], bytes(r["r_payload"]), r["r_headers"], r["r_delivery_count"])
+            for r in rows if r["r_target"] != 0] == [(1, 0, b"a", {"p": "a"}, 1), (1, 1, b"b", {"p": "b"}, 1)]
+    assert await conn.fetchval("SELECT count(*) FROM fluxpg.log WHERE queue_id = $1", qid) == 3
     pending = await conn.fetch("SELECT seq, consumer, delivery_count FROM fluxpg.pending_entries WHERE queue = $1 "
                                "ORDER BY seq", qname)
     assert [tuple(r) for r in pending] == [(0, "c", 1), (1, "c", 1)]

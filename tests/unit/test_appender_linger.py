@@ -82,12 +82,19 @@ async def test_a_stream_is_gathered_in_order(pool, monkeypatch):
     await a.close()
 
 
-async def test_a_stream_tail_waits_at_most_linger(pool, monkeypatch):
-    monkeypatch.setattr(appender_mod, "LINGER", 0.05)
+async def _after_a_stream_batch(pool, monkeypatch, linger: float):
+    """An appender with LINGER = linger whose first batch (STREAM_ROWS rows, returned) is taken:
+    the next publish is held."""
+    monkeypatch.setattr(appender_mod, "LINGER", linger)
     a = Appender(pool)
     a.start()
     first = [a.submit(_row(i)) for i in range(appender_mod.STREAM_ROWS)]
     await asyncio.sleep(0)                                  # taken: that batch commits now
+    return a, first
+
+
+async def test_a_stream_tail_waits_at_most_linger(pool, monkeypatch):
+    a, first = await _after_a_stream_batch(pool, monkeypatch, 0.05)
     loop = asyncio.get_running_loop()
     t0 = loop.time()
     fut = a.submit(_row(99))                                # held (the batch before was a stream) ...
@@ -101,11 +108,7 @@ async def test_a_stream_tail_waits_at_most_linger(pool, monkeypatch):
 
 
 async def test_close_ends_a_linger(pool, monkeypatch):
-    monkeypatch.setattr(appender_mod, "LINGER", 30.0)
-    a = Appender(pool)
-    a.start()
-    first = [a.submit(_row(i)) for i in range(appender_mod.STREAM_ROWS)]
-    await asyncio.sleep(0)
+    a, first = await _after_a_stream_batch(pool, monkeypatch, 30.0)
     fut = a.submit(_row(99))
     await asyncio.sleep(0.01)                               # held: LINGER is 30 s
     assert all(f.done() for f in first) and not fut.done()

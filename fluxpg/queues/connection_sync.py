@@ -6,8 +6,7 @@ connects costs one write), and listens on the channel fluxpg_close: a console on
 for a connection to be closed with NOTIFY fluxpg_close '<node>:<connection id>'. The rows of a
 node go with its fluxpg.nodes row (stopped, or timed out by the others' heartbeat check).
 
-It uses a LISTEN connection of its own: the queue manager's listener is for the log and queue
-notifications only.
+Its channel is one more on the queue manager's LISTEN connection (a node has one: db.Listener).
 """
 from __future__ import annotations
 
@@ -27,13 +26,13 @@ class ConnectionSync:
         self.manager = manager
         self.registry = registry
         self.interval = interval
-        self._listener: db.Listener | None = None
+        self._channels: db.Channels | None = None
         self._task: asyncio.Task | None = None
         self._reported = -1
 
     async def start(self) -> None:
-        self._listener = db.Listener(self.manager.dsn, {"fluxpg_close": self._on_close})
-        await self._listener.start()
+        self._channels = self.manager.listen({"fluxpg_close": self._on_close})
+        await self._channels.start()
         self._task = asyncio.create_task(self._run(), name="fluxpg-connection-sync")
 
     def _on_close(self, payload: str | None) -> None:
@@ -77,5 +76,5 @@ class ConnectionSync:
                 await self._task
             except (asyncio.CancelledError, Exception):  # noqa: BLE001
                 pass
-        if self._listener is not None:
-            await self._listener.close()
+        if self._channels is not None:
+            await self._channels.close()

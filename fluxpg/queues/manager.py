@@ -565,6 +565,8 @@ class QueueManager:
         self._idle: dict[int, dict[Subscription, tuple[int, int]]] = {}
         self._claim_slots: weakref.WeakValueDictionary[tuple[int | None, str, str | None], ClaimSlot] = \
             weakref.WeakValueDictionary()
+        # The node's one LISTEN connection (db.Listener says why one); other parts of the node
+        # add their channels to it (listen()).
         self._listener: db.Listener | None = None
         self.appender: Appender | None = None
         self.sequencer: Sequencer | None = None
@@ -785,6 +787,13 @@ class QueueManager:
         if info is None:
             raise UnknownQueue(f"unknown queue {name!r}")
         return info
+
+    def listen(self, callbacks: dict[str, Callable[[str | None], Any]]) -> db.Channels:
+        """Channels for another part of this node on the node's LISTEN connection (start() it
+        after the queue manager started; close() it before the manager closes, or not at all)."""
+        if self._listener is None:
+            raise Unavailable("the queue manager has not started")
+        return db.Channels(self._listener, callbacks)
 
     # --- wake-ups ---------------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from fluxpg import db
-from fluxpg.db import Listener
+from fluxpg.db import Channels
 from fluxpg.queues.mqtt_sessions import MqttSessionStore
 
 if TYPE_CHECKING:
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 QUERIES = "mqtt_queries.sql"
 
-__all__ = ["Listener", "MqttStore", "NamedConnection"]
+__all__ = ["Channels", "MqttStore", "NamedConnection"]
 
 
 def _sql(name: str) -> str:
@@ -58,9 +58,10 @@ class MqttStore:
             async with conn.transaction():
                 yield NamedConnection(conn)
 
-    def listener(self, handlers: dict[str, Callable[[str | None], Awaitable[None] | None]]) -> Listener:
-        """LISTEN on the MQTT channels (relay, shared membership, session takeover)."""
-        return Listener(self._manager.dsn, handlers)
+    def listener(self, handlers: dict[str, Callable[[str | None], Awaitable[None] | None]]) -> Channels:
+        """LISTEN on the MQTT channels (relay, shared membership, session takeover), on the node's
+        one LISTEN connection."""
+        return self._manager.listen(handlers)
 
     def session_store(self, node_id: int, heartbeat_timeout: timedelta) -> MqttSessionStore:
         return MqttSessionStore(self._manager.pool, node_id, heartbeat_timeout)

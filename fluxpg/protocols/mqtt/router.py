@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING, Any
 from fluxpg.aio import cancel_and_wait
 from fluxpg.errors import FluxError
 from fluxpg.queues.mqtt_sessions import MqttSessionStore
-from fluxpg.queues.mqtt_store import Listener
+from fluxpg.queues.mqtt_store import Channels
 from fluxpg.topics import TopicTree, parse_shared, topic_matches
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -227,7 +227,7 @@ class Router:
         self._write_wake = asyncio.Event()
         self._incoming: asyncio.Queue[str | None] = asyncio.Queue()
         self._tasks: list[asyncio.Task] = []
-        self._listener: Listener | None = None
+        self._listener: Channels | None = None
         self.closing = False
         # statistics
         self.relayed_out = 0

@@ -817,13 +817,109 @@ BEGIN
     MESSAGE = format('message of %s bytes exceeds limits.max_message_size %s of queue %L', size, lim, qname);
 END $$;
 
+-- ---------------------------------------------------------------------------------------------
+-- Who is told of an append (NOTIFY fluxpg_log)
+-- ---------------------------------------------------------------------------------------------
+-- PostgreSQL signals every LISTENing backend of the database on each NOTIFY, whatever its channel,
+-- and every broker node reads each notification: a NOTIFY per committed batch cost ~100 µs of CPU
+-- per publish confirmed one at a time with nobody consuming elsewhere (sql/0015_log_watchers.sql).
+-- So an append tagged by a node (notify_tag `,@<node>`: it wakes its own consumers itself) names
+-- only the queues in fluxpg.log_watchers for another node or an unexpired SQL lease, and sends no
+-- NOTIFY when there are none; an untagged append (applications, the SQL API) names them all.
+-- Called after the heads are locked: a node that starts watching a queue waits for appends that
+-- hold its heads (fluxpg._node_watches), so each append either sees the watcher row or commits
+-- before the watcher's first claim.
+CREATE OR REPLACE FUNCTION fluxpg._notify_log(queue_ids int[], notify_tag text) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+  named int[];
+BEGIN
+  IF notify_tag IS NULL OR notify_tag = '' THEN
+    named := queue_ids;
+  ELSE
+    named := ARRAY(SELECT DISTINCT w.queue_id FROM fluxpg.log_watchers w
+                    WHERE w.queue_id = ANY (queue_ids)
+                      AND w.watcher <> 'node:' || substr(notify_tag, 3)
+                      AND (w.until IS NULL OR w.until > now())
+                    ORDER BY 1);
+    IF cardinality(named) = 0 THEN
+      RETURN false;
+    END IF;
+  END IF;
+  PERFORM pg_notify('fluxpg_log', array_to_string(named, ',') || coalesce(notify_tag, ''));
+  RETURN true;
+END $$;
+
+-- The queues this node has consumers of, exactly (rows of the node for other queues go). Before
+-- it returns, appends that hold a head of a newly watched queue have committed (their NOTIFY may
+-- not have named it), so the node's first claim after this sees their rows; it waits at most
+-- 200 ms for that (an application's fluxpg.append inside a long transaction holds a head until
+-- it commits), after which the consumers' periodic claim covers the rest.
+CREATE OR REPLACE FUNCTION fluxpg._node_watches(node int, queue_ids int[]) RETURNS int
+LANGUAGE plpgsql AS $$
+DECLARE
+  added int[];
+BEGIN
+  DELETE FROM fluxpg.log_watchers
+   WHERE node_id = node AND NOT (queue_id = ANY (coalesce(queue_ids, '{}')));
+  WITH ins AS (
+    INSERT INTO fluxpg.log_watchers (queue_id, watcher, node_id)
+    SELECT q.id, 'node:' || node, node FROM fluxpg.queues q WHERE q.id = ANY (coalesce(queue_ids, '{}'))
+    ON CONFLICT DO NOTHING
+    RETURNING queue_id)
+  SELECT array_agg(queue_id ORDER BY queue_id) INTO added FROM ins;
+  IF added IS NOT NULL THEN
+    BEGIN
+      PERFORM set_config('lock_timeout', '200ms', true);
+      PERFORM 1 FROM fluxpg.heads h WHERE h.queue_id = ANY (added) ORDER BY h.queue_id, h.partition FOR SHARE;
+    EXCEPTION WHEN lock_not_available THEN
+      NULL;
+    END;
+  END IF;
+  RETURN coalesce(cardinality(added), 0);
+END $$;
+
+-- For applications that LISTEN on fluxpg_log themselves: appends by broker nodes NOTIFY a queue
+-- only while someone watches it (fluxpg._notify_log). Call this before the first read and again
+-- before the lease ends (e.g. on every wait); unwatch_log ends it. Appends through the SQL API
+-- (untagged) always NOTIFY.
+CREATE OR REPLACE FUNCTION fluxpg.watch_log(queue text, listener text DEFAULT NULL,
+                                            lease interval DEFAULT interval '30 seconds')
+RETURNS timestamptz LANGUAGE plpgsql AS $$
+DECLARE
+  q fluxpg.queues := fluxpg._queue(queue);
+  who text := coalesce(nullif(listener, ''), 'pid:' || pg_backend_pid());
+  ends timestamptz := now() + lease;
+BEGIN
+  IF lease IS NULL OR lease <= interval '0' OR who LIKE 'node:%' THEN
+    RAISE EXCEPTION USING ERRCODE = 'FP004',
+      MESSAGE = format('watch_log: lease must be positive and the watcher name not start with "node:" (got %L, %L)', lease, who);
+  END IF;
+  INSERT INTO fluxpg.log_watchers AS w (queue_id, watcher, until) VALUES (q.id, who, ends)
+  ON CONFLICT ON CONSTRAINT log_watchers_pkey DO UPDATE SET until = EXCLUDED.until;
+  RETURN ends;
+END $$;
+COMMENT ON FUNCTION fluxpg.watch_log(text, text, interval) IS 'Ask broker nodes to NOTIFY fluxpg_log for the queue''s appends until the lease ends (for applications that LISTEN themselves); renew by calling again';
+
+CREATE OR REPLACE FUNCTION fluxpg.unwatch_log(queue text, listener text DEFAULT NULL) RETURNS boolean
+LANGUAGE sql AS $$
+  WITH gone AS (
+    DELETE FROM fluxpg.log_watchers w USING fluxpg.queues q
+     WHERE q.name = queue AND w.queue_id = q.id AND w.node_id IS NULL
+       AND w.watcher = coalesce(nullif(listener, ''), 'pid:' || pg_backend_pid())
+    RETURNING 1)
+  SELECT count(*) > 0 FROM gone
+$$;
+COMMENT ON FUNCTION fluxpg.unwatch_log(text, text) IS 'End a lease taken with fluxpg.watch_log';
+
 -- Append a batch of rows (one per message and matching queue) in one transaction; returns each
 -- input row's (ordinal, queue, partition, seq). Heads are locked in (queue_id, partition) order,
 -- so concurrent batches never deadlock and appends to one partition commit in seq order.
 -- keys[i] (optional) picks the partition of a partitioned queue by hash; without one the
--- routing key does, and without that a round robin. One NOTIFY per call; its payload ends in
--- notify_tag: `,@<node>` when the calling node wakes its own consumers itself (fluxpg.append_claim,
--- fluxpg.sequence_claim), other nodes ignore the tag.
+-- routing key does, and without that a round robin. At most one NOTIFY per call
+-- (fluxpg._notify_log); its payload ends in notify_tag: `,@<node>` when the calling node wakes its
+-- own consumers itself (the broker's appender and sequencer, fluxpg.append_claim); then only
+-- queues another node or a SQL listener watches are named, and without one no NOTIFY is sent.
 CREATE OR REPLACE FUNCTION fluxpg.append_batch(queue_ids int[], topics text[], payloads bytea[],
                                                headers jsonb[] DEFAULT NULL, keys text[] DEFAULT NULL,
                                                notify_tag text DEFAULT NULL)
@@ -878,7 +974,7 @@ BEGIN
       -- statement for every call (a custom plan always looked cheaper); the same below.
       RETURN QUERY SELECT u.i::int, q.id, 0, first + u.i - 1 FROM unnest(queue_ids) WITH ORDINALITY AS u(x, i);
       -- An assignment is a simple expression; PERFORM would start an executor for it.
-      notified := pg_notify('fluxpg_log', q.id::text || coalesce(notify_tag, '')) IS NULL;
+      notified := fluxpg._notify_log(ARRAY[q.id], notify_tag);
       RETURN;
     END IF;
   END IF;
@@ -934,8 +1030,7 @@ BEGIN
   )
   SELECT rows.i, rows.qid, rows.p, rows.s FROM rows ORDER BY rows.i;
 
-  PERFORM pg_notify('fluxpg_log', array_to_string(ARRAY(SELECT DISTINCT x FROM unnest(res_q) x ORDER BY 1), ',')
-                                  || coalesce(notify_tag, ''));
+  notified := fluxpg._notify_log(ARRAY(SELECT DISTINCT x FROM unnest(res_q) x ORDER BY 1), notify_tag);
 END $$;
 COMMENT ON FUNCTION fluxpg.append_batch(int[], text[], bytea[], jsonb[], text[], text) IS 'Group-commit append of many messages to many queues in one transaction (used by the broker)';
 
@@ -1277,8 +1372,8 @@ BEGIN
   -- Assignments are simple expressions; a PERFORM is a query with its executor start-up (each
   -- one a few µs of every round, empty polls included).
   setting := set_config('synchronous_commit', 'off', true);
-  m := fluxpg._sequence(max_rows, CASE WHEN cardinality(c_queues) > 0
-                                       THEN coalesce(',@' || nullif(current_setting('fluxpg.node_id', true), ''), '') END);
+  -- Tagged with this node, which wakes its own consumers of the moved queues (Sequencer._round).
+  m := fluxpg._sequence(max_rows, ',@' || nullif(current_setting('fluxpg.node_id', true), ''));
   IF cardinality(m.moved) > 0 THEN
     RETURN QUERY SELECT 0, u.qid, NULL::int, count(*), NULL::text, NULL::bytea, NULL::jsonb, NULL::timestamptz, NULL::int
                    FROM unnest(m.moved) AS u(qid) GROUP BY u.qid;
@@ -2629,6 +2724,7 @@ DECLARE
   k int;
 BEGIN
   UPDATE fluxpg.nodes SET last_seen_at = now() WHERE id = node;
+  DELETE FROM fluxpg.log_watchers WHERE until < now();   -- SQL listeners' leases that ended
   SELECT array_agg(id) INTO dead FROM fluxpg.nodes WHERE last_seen_at < now() - timeout AND id <> node;
   IF dead IS NULL THEN RETURN 0; END IF;
   UPDATE fluxpg.pending p SET visible_at = now()

@@ -34,7 +34,7 @@ SELECT fluxpg.declare_queue($1, $2, $3::text[], $4::jsonb);
 
 -- name: append_batch
 SELECT ord, queue_id, partition, seq
-  FROM fluxpg.append_batch($1::int[], $2::text[], $3::bytea[], $4::jsonb[], $5::text[]);
+  FROM fluxpg.append_batch($1::int[], $2::text[], $3::bytea[], $4::jsonb[], $5::text[], $6::text);
 
 -- name: append_claim
 SELECT r_target, r_ord, r_queue_id, r_partition, r_seq, r_topic, r_payload, r_headers, r_created_at, r_delivery_count
@@ -145,6 +145,9 @@ SELECT fluxpg.register_node($1, $2);
 
 -- name: node_heartbeat
 SELECT fluxpg.node_heartbeat($1, $2::interval);
+
+-- name: node_watches
+SELECT fluxpg._node_watches($1, $2::int[]);
 
 -- name: deregister_node
 DELETE FROM fluxpg.nodes WHERE id = $1;
@@ -289,6 +292,12 @@ SELECT partition, first_seq, next_seq FROM fluxpg.heads WHERE queue_id = $1 ORDE
 
 -- name: cli_group_committed
 SELECT partition, committed FROM fluxpg.group_status WHERE queue = $1 AND grp = $2;
+
+-- name: cli_watch_log
+SELECT fluxpg.watch_log($1, NULL, make_interval(secs => $2));
+
+-- name: cli_unwatch_log
+SELECT fluxpg.unwatch_log($1);
 
 -- name: cli_log_page
 SELECT partition, seq, topic, payload, created_at FROM fluxpg.log

@@ -18,6 +18,8 @@ from fluxpg.cli.errors import CliError, _command, describe_error
 from fluxpg.cli.output import payload_text
 from fluxpg.cli.serve import wait_any
 
+WATCH_LEASE_S = 30.0   # fluxpg.watch_log lease of `tail --follow`, renewed every third of it
+
 
 def _headers(items: list[str]) -> dict[str, str] | None:
     out: dict[str, str] = {}
@@ -112,7 +114,12 @@ async def _tail_on(conn: Any, dsn: str, queue: str, group: str | None, start: st
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    watched_at = 0.0
     if follow:
+        # Broker nodes NOTIFY a queue's appends only while someone watches it (fluxpg.watch_log,
+        # a lease renewed below while following).
+        await conn.fetchval(db.queries()["cli_watch_log"], queue, WATCH_LEASE_S)
+        watched_at = loop.time()
         await conn.add_listener("fluxpg_log", on_notify)
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
@@ -142,10 +149,15 @@ async def _tail_on(conn: Any, dsn: str, queue: str, group: str | None, start: st
                 continue  # more may be waiting
             if not follow:
                 break
+            if loop.time() - watched_at > WATCH_LEASE_S / 3:
+                await conn.fetchval(db.queries()["cli_watch_log"], queue, WATCH_LEASE_S)
+                watched_at = loop.time()
             # Woken by the NOTIFY of a committed append; the timeout is a safety net for a lost one.
             await wait_any(wake, stop, timeout=2.0)
     finally:
         if follow:
+            with contextlib.suppress(Exception):
+                await conn.fetchval(db.queries()["cli_unwatch_log"], queue)
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
     return 0

@@ -64,13 +64,18 @@ class ClaimTarget:
 
 
 class Handoff(Protocol):
+    # `,@<node>`: the node wakes its own consumers of a committed batch's queues (done()), so its
+    # appends NOTIFY only queues watched elsewhere (fluxpg._notify_log); None: every append NOTIFYs.
+    notify_tag: str | None
+
     def plan(self, queue_ids: set[int], carry_acks: bool = False) -> list[ClaimTarget]:
         """Consumers waiting for new messages of these queues, now reserved for this batch (with
         carry_acks: and the acks their front-ends have not written yet, ClaimTarget.acks)."""
 
     def done(self, queue_ids: set[int], targets: list[ClaimTarget], claimed: list[list[Any]] | None) -> None:
         """After the batch: claimed[i] are the rows claimed for targets[i] (committed), or None
-        for every target when the batch failed (nothing was claimed)."""
+        for every target when the batch failed (nothing was claimed). A committed batch (claimed
+        not None, targets possibly empty) wakes this node's consumers of queue_ids."""
 
 
 @dataclass(slots=True)
@@ -79,11 +84,13 @@ class _Request:
     future: asyncio.Future
 
 
-async def append_rows(conn: asyncpg.Connection, rows: list[AppendRow]) -> list[tuple[int, int, int]]:
+async def append_rows(conn: asyncpg.Connection, rows: list[AppendRow],
+                      notify_tag: str | None = None) -> list[tuple[int, int, int]]:
     """One `fluxpg.append_batch` call on `conn` (in whatever transaction it is in): the append
-    the group commit and transactions (queues/transactions.py) share. Returns (queue_id,
+    the group commit and transactions (queues/transactions.py) share; notify_tag as Handoff's.
+    Returns (queue_id,
     partition, seq) per row, in order."""
-    records = await conn.fetch(queries()["append_batch"], *_append_args(rows))
+    records = await conn.fetch(queries()["append_batch"], *_append_args(rows), notify_tag)
     # append_batch returns rows ordered by their 1-based ordinal
     return [(rec["queue_id"], rec["partition"], rec["seq"]) for rec in records]
 
@@ -220,14 +227,18 @@ class Appender:
         queue_ids = {r.queue_id for r in rows}
         targets = self._handoff.plan(queue_ids, carry_acks=True) if handoff and self._handoff is not None else []
         if not targets:
+            tag = self._handoff.notify_tag if self._handoff is not None else None
             try:
-                result = await append_rows(await self._connection(), rows)
+                result = await append_rows(await self._connection(), rows, tag)
             except BaseException:
                 await self._give_back()
                 raise
             self.batches += 1
             self.rows += len(rows)
-            return result, None
+            if tag is None:
+                return result, None
+            # The NOTIFY named only queues watched elsewhere: this node wakes its own consumers.
+            return result, lambda: self._handoff.done(queue_ids, [], [])
         try:
             conn = await self._connection()
             ack_targets = [i for i, t in enumerate(targets, 1) if t.acks for _ in t.acks]

@@ -467,6 +467,9 @@ class LocalHandoff:
 
     def __init__(self, manager: QueueManager):
         self.manager = manager
+        # Every batch of this node's appender and sequencer is woken here at commit (done()), so
+        # their NOTIFYs need only name queues another node or a SQL listener watches.
+        self.notify_tag = f",@{manager.node_id}"
 
     def plan(self, queue_ids: set[int], carry_acks: bool = False) -> list[ClaimTarget]:
         mgr = self.manager
@@ -568,6 +571,11 @@ class QueueManager:
         # The node's one LISTEN connection (db.Listener says why one); other parts of the node
         # add their channels to it (listen()).
         self._listener: db.Listener | None = None
+        # Queues this node has consumers of, as fluxpg.log_watchers says (other nodes' appends
+        # NOTIFY only those: fluxpg._notify_log); queue ids pinned by subscribe() while it starts.
+        self._watched: frozenset[int] = frozenset()
+        self._watch_pins: dict[int, int] = {}
+        self._watch_lock = asyncio.Lock()
         self.appender: Appender | None = None
         self.sequencer: Sequencer | None = None
         self.vacuumer: Vacuumer | None = None
@@ -648,6 +656,12 @@ class QueueManager:
                     self._wake_all()
             except Exception as exc:  # noqa: BLE001
                 log.warning("node heartbeat failed: %s", exc)
+            try:
+                # Again every heartbeat: queues no consumer here reads any more stop being watched,
+                # and rows lost with this node's row come back.
+                await self._watch(force=True)
+            except Exception as exc:  # noqa: BLE001 - until then other nodes NOTIFY as they did
+                log.warning("updating the queues this node watches failed: %s", exc)
             try:
                 # Queues with dlq.expired (AMQP x-dead-letter-exchange): expired messages nobody
                 # claims reach their dead-letter queue within a heartbeat interval.
@@ -1030,12 +1044,32 @@ class QueueManager:
                 await stream.seek(self.pool, queue, internal, pos)
             elif not any(s.queue == queue and s.group == internal for s in self.subscriptions):
                 await stream.seek(self.pool, queue, internal, "resume")
-        sub = Subscription(self, queue, info.kind, internal, consumer, filter, on_delivery, credit, on_error,
-                           queue_id=info.id, auto_commit=effective_auto, partitions=info.partitions,
-                           handed_by_caller=handed_by_caller, selector=jsonpath)
-        self.subscriptions.add(sub)
+        self._watch_pins[info.id] = self._watch_pins.get(info.id, 0) + 1
+        try:
+            if info.id not in self._watched:
+                # Before the first claim: appends of other nodes NOTIFY this queue from now on,
+                # and those that did not have committed (fluxpg._node_watches).
+                await self._watch()
+            sub = Subscription(self, queue, info.kind, internal, consumer, filter, on_delivery, credit, on_error,
+                               queue_id=info.id, auto_commit=effective_auto, partitions=info.partitions,
+                               handed_by_caller=handed_by_caller, selector=jsonpath)
+            self.subscriptions.add(sub)
+        finally:
+            left = self._watch_pins.pop(info.id) - 1
+            if left:
+                self._watch_pins[info.id] = left
         sub.start()
         return sub
+
+    async def _watch(self, force: bool = False) -> None:
+        """fluxpg.log_watchers lists exactly the queues this node has consumers of (or is about to)."""
+        async with self._watch_lock:
+            wanted = frozenset({s.queue_id for s in self.subscriptions if s.queue_id is not None}
+                               | set(self._watch_pins))
+            if wanted == self._watched and not force:
+                return
+            await db.fetchval(self.pool, "node_watches", self.node_id, sorted(wanted))
+            self._watched = wanted
 
     def _detach(self, sub: Subscription) -> None:
         self.subscriptions.discard(sub)

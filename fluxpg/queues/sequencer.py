@@ -127,8 +127,9 @@ class Sequencer:
         now = loop.time()
         for qid in moved:
             self._recent[qid] = now
-        if targets:
-            # Wakes the queues moved into (the NOTIFY was tagged with this node), hands the claims.
+        if handoff is not None and (targets or moved):
+            # Wakes this node's consumers of the queues moved into (the NOTIFY, tagged with this
+            # node, named only queues watched elsewhere), hands the claims.
             handoff.done(set(moved), targets, claimed)
         return sum(moved.values())
 

@@ -70,6 +70,8 @@ async def test_a_failing_claim_does_not_fail_the_publish(dsn, conn, qname):
     told = []
 
     class BadHandoff:
+        notify_tag = None
+
         def plan(self, queue_ids, carry_acks=False):
             return [ClaimTarget(qname, "g", "", 5)]
 

@@ -82,6 +82,31 @@ def drop(bind: Any) -> None:
         cur.execute(_q("drop_routines"))
 
 
+# Trigger functions that functions.sql replaces in place at head (drop_routines keeps them: their
+# triggers need them), each with the revision file that creates it. A database downgraded below
+# head must hold that revision's body again, as a fresh install at the revision does.
+FROZEN_TRIGGER_FUNCTIONS = {"_outbox_commit": "0013_outbox_once.sql"}
+
+
+def frozen_trigger_function(name: str) -> str:
+    """CREATE OR REPLACE of a FROZEN_TRIGGER_FUNCTIONS function as its revision file creates it."""
+    text = read_sql(FROZEN_TRIGGER_FUNCTIONS[name])
+    found = re.search(rf"^CREATE FUNCTION fluxpg\.{name}\(\).*?\nEND \$\$;", text, re.S | re.M)
+    if found is None:
+        raise LookupError(f"fluxpg.{name}() is not created in {FROZEN_TRIGGER_FUNCTIONS[name]}")
+    return found.group(0).replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
+
+
+def restore_trigger_functions(bind: Any) -> None:
+    """The last step of a downgrade below head: each trigger function that exists back at its
+    revision's body (one a lower revision dropped stays dropped)."""
+    raw = _raw(bind)
+    for name in FROZEN_TRIGGER_FUNCTIONS:
+        if _scalar(raw, f"SELECT to_regprocedure('fluxpg.{name}()') IS NOT NULL"):
+            with raw.cursor() as cur:
+                cur.execute(frozen_trigger_function(name))
+
+
 def stale(bind: Any) -> list[str]:
     """What differs from what was last installed: source file names, and/or INSTALLED when the
     installed definitions were changed by something else. Empty when all is current."""

@@ -7,6 +7,7 @@ Create Date: 2026-11-24
 """
 from alembic import op
 
+from fluxpg import routines
 from fluxpg.db import run_sql_file
 
 revision = "0014_pending_due"
@@ -19,20 +20,8 @@ def upgrade() -> None:
     run_sql_file(op.get_bind(), "0014_pending_due.sql")
 
 
-# A trigger's function stays when the routines are dropped below head, replaced in place by
-# functions.sql (it wakes a sleeping sequencer there): back at 0013 it is 0013's, as
-# sql/0013_outbox_once.sql creates it.
-_OUTBOX_COMMIT_0013 = """
-CREATE OR REPLACE FUNCTION fluxpg._outbox_commit() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-  INSERT INTO fluxpg.outbox_commits (txid) VALUES (NEW.txid);
-  RETURN NULL;
-END $$;
-"""
-
-
 def downgrade() -> None:
     op.execute("DROP INDEX fluxpg.pending_due")
     op.execute("CREATE INDEX pending_due ON fluxpg.pending (group_id, visible_at)")
-    op.execute(_OUTBOX_COMMIT_0013)
+    # 0013's _outbox_commit body (functions.sql replaces it in place at head; fluxpg.routines).
+    routines.restore_trigger_functions(op.get_bind())

@@ -7,6 +7,7 @@ Create Date: 2026-11-24
 """
 from alembic import op
 
+from fluxpg import routines
 from fluxpg.db import run_sql_file
 
 revision = "0015_log_watchers"
@@ -21,3 +22,5 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.execute("DROP TABLE fluxpg.log_watchers")
+    # 0013's _outbox_commit body, as a fresh install at 0014 has (fluxpg.routines).
+    routines.restore_trigger_functions(op.get_bind())

@@ -17,6 +17,13 @@ from fluxpg.testing import fresh_database, test_server
 _names = itertools.count()
 
 
+def pytest_asyncio_loop_factories(config, item):
+    """The tests' loop is the broker's (fluxpg.aio.loop_factory: uvloop's where installed), so the
+    brokers the tests start in-process run on the loop `fluxpg serve` runs on."""
+    from fluxpg.aio import loop_factory
+    return {"broker-loop": loop_factory()}
+
+
 @pytest.fixture(scope="session")
 def server_dsn():
     with test_server() as dsn:

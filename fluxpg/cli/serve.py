@@ -18,7 +18,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from fluxpg import __version__
+from fluxpg import __version__, aio
 from fluxpg.cli.app import ConfigOpt, DataDirOpt, DsnOpt, STATE, app, setup_logging
 from fluxpg.cli.database import _load_config, connect, redact_dsn
 from fluxpg.cli.errors import CONNECT_TIMEOUT, CliError, _command, describe_error
@@ -133,7 +133,7 @@ def serve(
     if worker is not None:
         if not dsn:
             raise CliError("a worker needs the parent's DSN", 2)
-        code = asyncio.run(_run_worker(dsn, config, overrides, worker, parent_pid))
+        code = aio.run(_run_worker(dsn, config, overrides, worker, parent_pid))
     else:
         if workers > 1:
             zero = [f"--{n}" for n, a in listeners.items() if parse_address(a)[1] == 0]
@@ -150,7 +150,7 @@ def serve(
         directory = None
         if not dsn:
             directory = Path(data_dir or config.database.data_dir or default_data_dir()).expanduser()
-        code = asyncio.run(_serve_main(config, dsn, directory, overrides, listeners, workers, config_file))
+        code = aio.run(_serve_main(config, dsn, directory, overrides, listeners, workers, config_file))
     raise typer.Exit(code)
 
 

@@ -12,6 +12,7 @@ import threading
 
 import pytest
 
+from fluxpg.aio import loop_factory
 from fluxpg.config import Config
 from fluxpg.server import Server
 
@@ -43,7 +44,7 @@ class ThreadedServer:
     """A Server running on its own loop in a daemon thread; call() runs a coroutine there."""
 
     def __init__(self, dsn: str, config: Config):
-        self.loop = asyncio.new_event_loop()
+        self.loop = loop_factory()()   # the broker's loop, as `fluxpg serve` runs it
         self.thread = threading.Thread(target=self.loop.run_forever, name="fluxpg-test-server", daemon=True)
         self.thread.start()
         self.server: Server = self.call(Server.start(dsn, config, addresses=dict(LOOPBACK),

@@ -19,7 +19,7 @@ class _Conn:
         return False
 
     async def fetch(self, _query, queue_ids, *_args):
-        await asyncio.sleep(0.001)   # a round trip
+        await asyncio.sleep(0.005)   # a round trip (longer than the trickle below: it arrives during commits)
         self.log.append((asyncio.get_running_loop().time(), len(queue_ids)))
         out = []
         for i, qid in enumerate(queue_ids):
@@ -72,7 +72,7 @@ async def test_a_stream_is_gathered_in_order(pool, monkeypatch):
     await asyncio.sleep(0)
     for i in range(60):              # then a trickle while it commits: held until 20 wait (or LINGER)
         futs.append(a.submit(_row(100 + i)))
-        await asyncio.sleep(0.0005)
+        await asyncio.sleep(0.002)   # (uvloop's timers count whole milliseconds)
     results = await asyncio.wait_for(asyncio.gather(*futs), 3)
     seqs = [r[0][2] for r in results]
     assert seqs == list(range(1, len(futs) + 1))            # offsets in submit order

@@ -110,7 +110,8 @@ async def sample_waits(admin_dsn: str, database: str, stop: asyncio.Event) -> tu
 async def run(server_dsn: str, workers: int, messages: int, connections: int, repo: Path | None = None,
               live: int = 0, rate: float = 1000.0) -> dict:
     with fresh_database(server_dsn) as dsn:
-        await asyncio.to_thread(db.migrate, dsn)
+        # Migrated by the broker it starts (`fluxpg serve` migrates): with --compare-with, each
+        # checkout to its own head.
         admin = await db.connect(server_dsn)
         database = dsn.rsplit("/", 1)[1].split("?")[0]
         await admin.execute(f'ALTER DATABASE "{database}" SET track_functions = \'pl\'')

@@ -566,6 +566,9 @@ class QueueManager:
         self._wake_counts: dict[int, int] = {}
         self._wake_epoch = 0
         self._idle: dict[int, dict[Subscription, tuple[int, int]]] = {}
+        # Queues being auto-created here (ensure_queue): one creation per name, however many
+        # publishes and attaches ask for it meanwhile.
+        self._creating: dict[str, asyncio.Future] = {}
         self._claim_slots: weakref.WeakValueDictionary[tuple[int | None, str, str | None], ClaimSlot] = \
             weakref.WeakValueDictionary()
         # The node's one LISTEN connection (db.Listener says why one); other parts of the node
@@ -942,7 +945,18 @@ class QueueManager:
     async def ensure_queue(self, name: str) -> QueueInfo:
         """The queue `name`, created as `queue_manager.auto_create` says when it does not exist
         (durable: a classic queue with the default settings; transient: owned by this node;
-        off: UnknownQueue)."""
+        off: UnknownQueue). Concurrent calls for the same name share one creation."""
+        info = self.queues.get(name)
+        if info is not None:
+            return info
+        creating = self._creating.get(name)
+        if creating is None:
+            creating = self._creating[name] = asyncio.ensure_future(self._ensure_queue(name))
+            creating.add_done_callback(lambda f: (self._creating.pop(name, None),
+                                                  f.cancelled() or f.exception()))   # retrieved: no warning
+        return await asyncio.shield(creating)
+
+    async def _ensure_queue(self, name: str) -> QueueInfo:
         info = self.queues.get(name)
         if info is None:
             await self.reload_queues()   # another node (or the CLI) may have created it
@@ -963,8 +977,17 @@ class QueueManager:
         """Append to every queue whose topics match, in one transaction; returns (queue, offset)
         per queue after commit. With no queue matching, `<name>` of `$queue/<name>/…` is created
         first as queue_manager.auto_create says (or UnknownQueue when it is off)."""
+        fut = await self.submit_publish(topic, payload, headers, partition_key=partition_key)
+        return self._names(await fut)
+
+    async def submit_publish(self, topic: str, payload: bytes, headers: dict[str, Any] | None = None, *,
+                             partition_key: str | None = None) -> asyncio.Future:
+        """publish() up to the group commit: the queue created if need be (as publish()), the rows
+        queued for the appender when this returns; the future of their (queue_id, partition,
+        seq) resolves after commit. For callers that keep an order across publishes
+        (protocols/appends.py): they start the next one only when this one has returned."""
         rows = await self.rows_for_publish(topic, bytes(payload), headers, partition_key)
-        return self._names(await self.appender.append(rows))
+        return self.appender.submit(rows)
 
     def publish_submit(self, topic: str, payload: bytes, headers: dict[str, Any] | None = None
                        ) -> asyncio.Future | None:

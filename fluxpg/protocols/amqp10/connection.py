@@ -53,6 +53,7 @@ from fluxpg.auth import AuthError, OpenAuthenticator, Principal, authorize, subs
 from fluxpg.config import LimitsConfig
 from fluxpg.protocols import prescan
 from fluxpg.protocols.amqp10.engine import EngineEvent, ProtonEngine
+from fluxpg.protocols.appends import OrderedPublisher
 from fluxpg.protocols.amqp10.framegate import FrameGate
 from fluxpg.protocols.amqp10.messages import MessageError, decode, from_delivery, to_log
 from fluxpg.protocols.amqp10.sasl import SASL_HEADER, SaslCode, SaslError, SaslServer
@@ -211,6 +212,15 @@ class AmqpConnection:
         # acknowledgements go to the database in batches; released / nacked deliveries not yet
         # back in the database are counted there (credit waits for them)
         self.settler = Settler(ctx.manager, f"amqp10 {self.peer}")
+        # The connection's publishes reach the group commit in the order their transfers
+        # arrived, also while a queue is being auto-created (the offsets are that order).
+        self._appends = OrderedPublisher(self.manager, self._spawn)
+
+    def _spawn(self, coro) -> asyncio.Task:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
 
     # ------------------------------------------------------------------------------ life cycle
 
@@ -927,16 +937,16 @@ class AmqpConnection:
             self._top_up(publisher)
             return
         publisher.in_flight += 1
-        task = asyncio.ensure_future(self._publish(publisher, dlv, topic, payload, headers, settled_by_client,
-                                                   size))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        # Started here, in arrival order (not in the task, which may start later than the next
+        # transfer's): the offsets are the order the client sent in.
+        appended = self._appends.append(topic, payload, headers)
+        self._spawn(self._publish(publisher, dlv, topic, appended, settled_by_client, size))
 
-    async def _publish(self, publisher: _Publisher, dlv: PnDelivery, topic: str, payload: bytes,
-                       headers: dict, settled_by_client: bool, size: int) -> None:
+    async def _publish(self, publisher: _Publisher, dlv: PnDelivery, topic: str, appended: asyncio.Future,
+                       settled_by_client: bool, size: int) -> None:
         error: BaseException | None = None
         try:
-            stored = await self.manager.publish(topic, payload, headers)
+            stored = await appended
             if not stored:
                 # Accepted means stored somewhere: a publish no queue took is refused, never
                 # confirmed into nothing.

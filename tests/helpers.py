@@ -56,3 +56,15 @@ class Inbox:
                 await self._changed.wait()
         await asyncio.wait_for(loop(), timeout)
         return self.items
+
+
+def paho_loop_stop(client) -> None:
+    """client.loop_stop() after a disconnect: paho's network thread may end by itself between
+    loop_stop's check of it and its join, which then raises AttributeError (paho's own race,
+    eclipse-paho/paho.mqtt.python#872, open); the thread is joined here instead."""
+    thread = client._thread
+    try:
+        client.loop_stop()
+    except AttributeError:
+        if thread is not None:
+            thread.join(10)

@@ -1,7 +1,8 @@
 """Group commit of publishes.
 
 Publishes that arrive while the previous batch is committing are coalesced into the next batch:
-one `fluxpg.append_batch` call, one transaction, one NOTIFY. Each publisher's future resolves only
+one `fluxpg.append_batch` call, one transaction, at most one NOTIFY (only for queues another node
+or a SQL listener watches: this node wakes its own consumers at commit). Each publisher's future resolves only
 after its batch committed (so a PUBACK / confirm / accepted disposition never runs ahead of the
 database). One batch is in flight at a time, which keeps the commit order equal to the order
 publishes were handed in: a connection that publishes m1 then m2 sees seq(m1) < seq(m2).

@@ -11,7 +11,8 @@ Every protocol front-end talks to one QueueManager per process:
     await mgr.ack("orders", sub.group, [delivery.seq])
 
 Publishes are group-committed (appender.py); deliveries are pulled from PostgreSQL by one task per
-subscription, woken by LISTEN/NOTIFY (one notification per committed batch) and, as a safety net
+subscription, woken at commit by this node's own appends and by LISTEN/NOTIFY for other nodes'
+(fluxpg._notify_log: queues this node watches, fluxpg.log_watchers) and, as a safety net
 for visibility timeouts and retry backoffs, by a short poll. A subscription of this node that waits
 for new messages of a queue being published to is claimed for inside the publish's transaction
 instead (LocalHandoff: one commit, no NOTIFY → claim round trip).

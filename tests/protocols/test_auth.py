@@ -20,6 +20,7 @@ from proton.utils import BlockingConnection, LinkDetached
 from fluxpg.auth import hash_password
 from fluxpg.config import AuthConfig, Config, QueueConfig
 from fluxpg.protocols.amqp10 import sasl as sasl_codec
+from tests.helpers import paho_loop_stop
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -207,7 +208,7 @@ def test_mqtt_matrix(secured):
     srv = secured
     for user, password in (("bob", "wrong"), ("nobody", "builder"), (None, None)):
         client, rc = _mqtt_connect(srv, user, password)
-        client.loop_stop()
+        paho_loop_stop(client)   # refused: its thread may have ended by itself
         client.disconnect()
         assert rc.is_failure, (user, rc)
         assert rc.value in (134, 135)   # bad user name or password / not authorized

@@ -20,6 +20,7 @@ from fluxpg.config import QueueConfig
 from fluxpg.protocols.mqtt.codec import (Connack, Connect, Decoder, Disconnect, Properties, Publish, Puback,
                                          Subscribe, Subscription, encode)
 from fluxpg.protocols.mqtt.session import MqttOptions
+from tests.helpers import paho_loop_stop
 
 V5 = mqtt.MQTTv5
 V311 = mqtt.MQTTv311
@@ -137,7 +138,7 @@ class Paho:
         else:
             # Drop the socket without DISCONNECT (an abnormal end: the will is published).
             self.c._sock.close() if self.c._sock else None
-        self.c.loop_stop()
+        paho_loop_stop(self.c)
 
 
 def user_props(**kv) -> PahoProps:

@@ -12,6 +12,7 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from fluxpg.config import QueueConfig
+from tests.helpers import paho_loop_stop
 
 
 def ws_client(port: int, client_id: str, protocol=mqtt.MQTTv311) -> tuple[mqtt.Client, queue.Queue]:
@@ -46,7 +47,7 @@ def test_publish_and_subscribe_over_websocket(threaded_broker, version):
     finally:
         for c in (sub, pub):
             c.disconnect()
-            c.loop_stop()
+            paho_loop_stop(c)
 
 
 def test_queue_subscription_over_websocket(threaded_broker, qname):
@@ -60,7 +61,7 @@ def test_queue_subscription_over_websocket(threaded_broker, qname):
         assert sorted(got.get(timeout=10)[1] for _ in range(5)) == [f"job{i}".encode() for i in range(5)]
     finally:
         c.disconnect()
-        c.loop_stop()
+        paho_loop_stop(c)
 
 
 def test_websocket_without_the_mqtt_subprotocol_or_upgrade_is_refused(threaded_broker):

@@ -42,6 +42,7 @@ from fluxpg.protocols.mqtt.codec import (
 )
 from fluxpg.protocols.mqtt.properties import PropertyId, encode_varint
 from fluxpg.protocols.mqtt.reasons import connack_code_from_v3, connack_code_v3, suback_code_v3
+from tests.helpers import paho_loop_stop
 
 RC = ReasonCode
 
@@ -703,7 +704,7 @@ async def test_paho_client_against_codec_server(protocol):
         await wait("publish2")
     finally:
         client.disconnect()
-        client.loop_stop()
+        paho_loop_stop(client)
         server.close()
         await server.wait_closed()
 

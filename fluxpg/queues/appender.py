@@ -107,6 +107,8 @@ class Appender:
     def __init__(self, pool: asyncpg.Pool, *, max_batch_rows: int = 2000, handoff: Handoff | None = None):
         self._pool = pool
         self._handoff = handoff
+        # Fixed for the appender's life: with a handoff, this node wakes its own consumers at commit.
+        self._notify_tag = handoff.notify_tag if handoff is not None else None
         self._max_rows = max_batch_rows
         self._queue: deque[_Request] = deque()
         self._queued_rows = 0            # rows of the requests in _queue
@@ -228,7 +230,7 @@ class Appender:
         queue_ids = {r.queue_id for r in rows}
         targets = self._handoff.plan(queue_ids, carry_acks=True) if handoff and self._handoff is not None else []
         if not targets:
-            tag = self._handoff.notify_tag if self._handoff is not None else None
+            tag = self._notify_tag
             try:
                 result = await append_rows(await self._connection(), rows, tag)
             except BaseException:

@@ -929,8 +929,9 @@ COMMENT ON FUNCTION fluxpg.unwatch_log(text, text) IS 'End a lease taken with fl
 -- keys[i] (optional) picks the partition of a partitioned queue by hash; without one the
 -- routing key does, and without that a round robin. At most one NOTIFY per call
 -- (fluxpg._notify_log); its payload ends in notify_tag: `,@<node>` when the calling node wakes its
--- own consumers itself (the broker's appender and sequencer, fluxpg.append_claim); then only
--- queues another node or a SQL listener watches are named, and without one no NOTIFY is sent.
+-- own consumers itself (the broker's appender and sequencer, through fluxpg.append_claim and
+-- fluxpg.sequence_claim, which take the tag from their caller too); then only queues another node
+-- or a SQL listener watches are named, and without one no NOTIFY is sent.
 CREATE OR REPLACE FUNCTION fluxpg.append_batch(queue_ids int[], topics text[], payloads bytea[],
                                                headers jsonb[] DEFAULT NULL, keys text[] DEFAULT NULL,
                                                notify_tag text DEFAULT NULL)
@@ -1397,8 +1398,11 @@ COMMENT ON FUNCTION fluxpg.sequence_staged(int) IS 'Append messages of committed
 -- it appended to (fluxpg.append_claim's handoff, direct when the round went in one append: the
 -- message reaches such a consumer with the move's commit instead of after a NOTIFY and a claim
 -- transaction of its own). Rows: one per queue appended to (target 0, the queue id, r_seq = how
--- many messages), then target i's claimed messages. With targets, the NOTIFY carries `@<node>`:
--- the calling node wakes its own consumers.
+-- many messages), then target i's claimed messages.
+-- notify_tag: as fluxpg.append_batch's (NULL: untagged). The caller passes `,@<node>` only when it
+-- wakes its node's consumers of the moved queues itself (the broker's LocalHandoff, which does
+-- that wake-up, holds the tag): not derived here from the connection's fluxpg.node_id, so a
+-- caller that wakes nobody cannot have the NOTIFY for that node's consumers suppressed.
 -- Committed asynchronously: the sequencer only moves rows that are already durable (the outbox,
 -- committed by the application), and its delete from the outbox, append to the log and claims
 -- commit or vanish together. A crash before the WAL writer flushed it leaves the rows in the outbox
@@ -1406,7 +1410,7 @@ COMMENT ON FUNCTION fluxpg.sequence_staged(int) IS 'Append messages of committed
 -- ack, a committed offset) flushes the WAL up to and including it first. Saves one WAL flush per
 -- move: the end-to-end latency of the transactional path.
 CREATE OR REPLACE FUNCTION fluxpg.sequence_claim(max_rows int, c_queues text[], c_groups text[],
-                                                 c_consumers text[], c_n int[])
+                                                 c_consumers text[], c_n int[], notify_tag text DEFAULT NULL)
 RETURNS TABLE (r_target int, r_queue_id int, r_partition int, r_seq bigint, r_topic text,
                r_payload bytea, r_headers jsonb, r_created_at timestamptz, r_delivery_count int)
 LANGUAGE plpgsql AS $$
@@ -1417,8 +1421,7 @@ BEGIN
   -- Assignments are simple expressions; a PERFORM is a query with its executor start-up (each
   -- one a few µs of every round, empty polls included).
   setting := set_config('synchronous_commit', 'off', true);
-  -- Tagged with this node, which wakes its own consumers of the moved queues (Sequencer._round).
-  m := fluxpg._sequence(max_rows, ',@' || nullif(current_setting('fluxpg.node_id', true), ''));
+  m := fluxpg._sequence(max_rows, notify_tag);
   IF cardinality(m.moved) > 0 THEN
     RETURN QUERY SELECT 0, u.qid, NULL::int, count(*), NULL::text, NULL::bytea, NULL::jsonb, NULL::timestamptz, NULL::int
                    FROM unnest(m.moved) AS u(qid) GROUP BY u.qid;
@@ -1429,7 +1432,7 @@ BEGIN
     END IF;
   END IF;
 END $$;
-COMMENT ON FUNCTION fluxpg.sequence_claim(int, text[], text[], text[], int[]) IS 'fluxpg.sequence_staged plus claims for the calling node''s waiting consumers in the same transaction (used by the broker''s sequencer); returns (0, queue id, count) per queue appended to, then (target, message) per claim';
+COMMENT ON FUNCTION fluxpg.sequence_claim(int, text[], text[], text[], int[], text) IS 'fluxpg.sequence_staged plus claims for the calling node''s waiting consumers in the same transaction (used by the broker''s sequencer); returns (0, queue id, count) per queue appended to, then (target, message) per claim; notify_tag as fluxpg.append_batch''s';
 
 -- Per queue: committed outbox messages waiting for the sequencer, open transactions holding
 -- messages published to it (their shared staging locks; their rows are invisible until commit),
@@ -2114,8 +2117,9 @@ END $$;
 -- So the append never waits on a lock a consumer holds. The member row is ensured before the
 -- cursor row is locked (the lock order above _ensure_member).
 -- Rows: the appended ones (target 0; ord, queue id, partition, seq as append_batch returns them),
--- then the claimed ones (target i; seq and the message). The NOTIFY carries `@<node>` as its last
--- element: the calling node wakes its own consumers itself, other nodes ignore the tag.
+-- then the claimed ones (target i; seq and the message).
+-- notify_tag: as fluxpg.append_batch's (NULL: untagged), from the caller as fluxpg.sequence_claim's:
+-- `,@<node>` only when the caller wakes this node's consumers of the batch's queues itself.
 --
 -- Acks ride along (c_ack_targets / c_ack_seqs, parallel: offset c_ack_seqs[j] of target
 -- c_ack_targets[j]'s queue and group, partition 0): the acknowledgements a target's channel has
@@ -2124,7 +2128,7 @@ END $$;
 CREATE OR REPLACE FUNCTION fluxpg.append_claim(queue_ids int[], topics text[], payloads bytea[], headers jsonb[],
                                                keys text[], c_queues text[], c_groups text[], c_consumers text[],
                                                c_n int[], c_ack_targets int[] DEFAULT NULL,
-                                               c_ack_seqs bigint[] DEFAULT NULL)
+                                               c_ack_seqs bigint[] DEFAULT NULL, notify_tag text DEFAULT NULL)
 RETURNS TABLE (r_target int, r_ord int, r_queue_id int, r_partition int, r_seq bigint, r_topic text,
                r_payload bytea, r_headers jsonb, r_created_at timestamptz, r_delivery_count int)
 LANGUAGE plpgsql AS $$
@@ -2135,12 +2139,10 @@ DECLARE
   a_s bigint[];
 BEGIN
   -- append_batch returns its rows in ordinal order, one per input row (a_* [i] is input row i).
-  -- Its NOTIFY is tagged with this node (see fluxpg.append_batch).
   SELECT array_agg(a.ord ORDER BY a.ord), array_agg(a.queue_id ORDER BY a.ord),
          array_agg(a.partition ORDER BY a.ord), array_agg(a.seq ORDER BY a.ord)
     INTO a_ord, a_q, a_p, a_s
-    FROM fluxpg.append_batch(queue_ids, topics, payloads, headers, keys,
-                             coalesce(',@' || nullif(current_setting('fluxpg.node_id', true), ''), '')) a;
+    FROM fluxpg.append_batch(queue_ids, topics, payloads, headers, keys, notify_tag) a;
   RETURN QUERY SELECT 0, u.o, u.q, u.p, u.s, NULL::text, NULL::bytea, NULL::jsonb, NULL::timestamptz, NULL::int
                  FROM unnest(a_ord, a_q, a_p, a_s) AS u(o, q, p, s);
   RETURN QUERY SELECT h.r_target, NULL::int, h.r_queue_id, h.r_partition, h.r_seq, h.r_topic, h.r_payload,
@@ -2148,7 +2150,7 @@ BEGIN
                  FROM fluxpg._handoff_claims(c_queues, c_groups, c_consumers, c_n, NULL, a_q, a_s,
                                              topics, payloads, headers, c_ack_targets, c_ack_seqs) h;
 END $$;
-COMMENT ON FUNCTION fluxpg.append_claim(int[], text[], bytea[], jsonb[], text[], text[], text[], text[], int[], int[], bigint[]) IS 'append_batch plus, in the same transaction, the acks the calling node''s waiting consumers have not written yet and claims for them (used by the broker; a target whose cursor is busy or that has redeliveries due is skipped)';
+COMMENT ON FUNCTION fluxpg.append_claim(int[], text[], bytea[], jsonb[], text[], text[], text[], text[], int[], int[], bigint[], text) IS 'append_batch plus, in the same transaction, the acks the calling node''s waiting consumers have not written yet and claims for them (used by the broker; a target whose cursor is busy or that has redeliveries due is skipped); notify_tag as fluxpg.append_batch''s';
 
 CREATE OR REPLACE FUNCTION fluxpg.reclaim(queue text, grp text, consumer text, n int DEFAULT 100,
                                           after bigint DEFAULT NULL)

@@ -39,14 +39,14 @@ SELECT ord, queue_id, partition, seq
 -- name: append_claim
 SELECT r_target, r_ord, r_queue_id, r_partition, r_seq, r_topic, r_payload, r_headers, r_created_at, r_delivery_count
   FROM fluxpg.append_claim($1::int[], $2::text[], $3::bytea[], $4::jsonb[], $5::text[], $6::text[], $7::text[],
-                           $8::text[], $9::int[], $10::int[], $11::bigint[]);
+                           $8::text[], $9::int[], $10::int[], $11::bigint[], $12::text);
 
 -- name: sequence_claim
 -- fluxpg.sequence_claim commits asynchronously (why: at the function).
 -- Rows as append_claim's (r_ord NULL), so the handoff reads both alike.
 SELECT r_target, NULL::int AS r_ord, r_queue_id, r_partition, r_seq, r_topic, r_payload, r_headers, r_created_at,
        r_delivery_count
-  FROM fluxpg.sequence_claim($1, $2::text[], $3::text[], $4::text[], $5::int[]);
+  FROM fluxpg.sequence_claim($1, $2::text[], $3::text[], $4::text[], $5::int[], $6::text);
 
 -- name: sequencer_sleep_lock
 -- An idle sequencer's lock: while it holds it, publishing commits NOTIFY fluxpg_outbox (the

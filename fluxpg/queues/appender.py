@@ -67,6 +67,8 @@ class ClaimTarget:
 class Handoff(Protocol):
     # `,@<node>`: the node wakes its own consumers of a committed batch's queues (done()), so its
     # appends NOTIFY only queues watched elsewhere (fluxpg._notify_log); None: every append NOTIFYs.
+    # The only source of the tag: the appender and the sequencer pass it to the SQL functions
+    # (append_batch, append_claim, sequence_claim), which never derive it themselves.
     notify_tag: str | None
 
     def plan(self, queue_ids: set[int], carry_acks: bool = False) -> list[ClaimTarget]:
@@ -249,7 +251,8 @@ class Appender:
                                        [t.queue for t in targets], [t.group for t in targets],
                                        [t.consumer for t in targets], [t.n for t in targets],
                                        ack_targets or None,
-                                       [s for t in targets if t.acks for s in t.acks] if ack_targets else None)
+                                       [s for t in targets if t.acks for s in t.acks] if ack_targets else None,
+                                       self._notify_tag)
         except Exception as exc:  # noqa: BLE001 - retried without the handoff by _commit
             self._handoff.done(queue_ids, targets, None)
             await self._give_back()

@@ -461,9 +461,10 @@ class LocalHandoff:
     A subscription is eligible while it waits in `_idle_wait` with no wake-up since it began to
     (it would claim by itself next), has credit, and is the first of its group here (one claim per
     group and batch). After the commit every queue of the batch is woken locally at once — this
-    node's consumers no longer wait for the NOTIFY, which append_claim tags with the node so the
-    listener here skips it — and each reserved subscription gets its deliveries; one whose claim
-    came back short marks its group's claim slot drained at that wake-up (as a short claim does).
+    node's consumers no longer wait for the NOTIFY, which carries this handoff's notify_tag (the
+    appender and the sequencer pass it to the SQL) so the listener here skips it — and each
+    reserved subscription gets its deliveries; one whose claim came back short marks its group's
+    claim slot drained at that wake-up (as a short claim does).
     """
 
     def __init__(self, manager: QueueManager):
@@ -867,7 +868,8 @@ class QueueManager:
             return
         parts = payload.split(",")
         if parts[-1].startswith("@"):
-            # fluxpg.append_claim's tag: the node that appended woke its own consumers at commit.
+            # A node's tag (LocalHandoff.notify_tag): the node that appended woke its own
+            # consumers at commit.
             if parts.pop()[1:] == str(self.node_id):
                 return
         for part in parts:

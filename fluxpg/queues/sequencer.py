@@ -71,6 +71,9 @@ class Sequencer:
     def __init__(self, pool: asyncpg.Pool, handoff: Handoff | None = None, dsn: str | None = None):
         self._pool = pool
         self._handoff = handoff
+        # As the appender's: tagged only when the handoff wakes this node's consumers of the queues
+        # moved into (done()); without one every move NOTIFYs.
+        self._notify_tag = handoff.notify_tag if handoff is not None else None
         self._dsn = dsn                  # for the sleep lock's own connection; None: never sleep
         self._lock_conn: asyncpg.Connection | None = None
         self._woken = asyncio.Event()
@@ -111,7 +114,7 @@ class Sequencer:
         try:
             records = await db.fetch(self._pool, "sequence_claim", BATCH, [t.queue for t in targets],
                                      [t.group for t in targets], [t.consumer for t in targets],
-                                     [t.n for t in targets])
+                                     [t.n for t in targets], self._notify_tag)
         except BaseException:
             if targets:
                 handoff.done(set(), targets, None)

@@ -11,8 +11,10 @@ import asyncio
 import asyncpg
 import pytest
 
+import fluxpg
 from fluxpg import db
 from fluxpg.config import QueueConfig
+from fluxpg.queues.sequencer import Sequencer
 from tests.helpers import Inbox, declare
 
 
@@ -185,5 +187,91 @@ async def test_nodes_wake_their_own_consumers_and_notify_the_others(manager_fact
         await a.publish(f"$queue/{qname}/k", b"after")
         await notes.settle()
         assert len(notes.naming(qid)) == 1
+    finally:
+        await notes.close()
+
+
+async def _append_claim(pool, qid: int, qname: str, tag: str | None) -> None:
+    await pool.fetch("SELECT * FROM fluxpg.append_claim($1, $2, $3, NULL, NULL, '{}', '{}', '{}', '{}', NULL, NULL, $4)",
+                     [qid], [f"$queue/{qname}/k"], [b"x"], tag)
+
+
+async def _sequence_claim(pool, qid: int, qname: str, tag: str | None) -> None:
+    async with pool.acquire() as app, app.transaction():
+        await fluxpg.publish(app, f"$queue/{qname}/k", b"x")
+    rows = await pool.fetch("SELECT * FROM fluxpg.sequence_claim(100, '{}', '{}', '{}', '{}', $1)", tag)
+    assert [(r["r_target"], r["r_queue_id"], r["r_seq"]) for r in rows] == [(0, qid, 1)]
+
+
+@pytest.mark.parametrize("call", [_append_claim, _sequence_claim], ids=["append_claim", "sequence_claim"])
+async def test_claiming_appends_are_tagged_by_their_caller_not_by_the_connection(dsn, conn, qname, call):
+    """fluxpg.append_claim and fluxpg.sequence_claim tag their NOTIFY with the notify_tag they are
+    given (the broker's LocalHandoff, which wakes the node's consumers itself), never with the
+    connection's fluxpg.node_id: untagged on a node's connection, they NOTIFY though only that node
+    watches the queue (nobody would wake its consumers otherwise); tagged, as fluxpg.append_batch."""
+    await declare(conn, qname)
+    qid = await conn.fetchval("SELECT id FROM fluxpg.queues WHERE name = $1", qname)
+    me, other = await _node(conn), await _node(conn)
+    await conn.fetchval("SELECT fluxpg._node_watches($1, $2)", me, [qid])      # only this node watches
+    pool = await db.create_pool(dsn, min_size=1, max_size=2, node_id=me)
+    notes = await Notes().start(dsn)
+    try:
+        assert await pool.fetchval("SELECT current_setting('fluxpg.node_id')") == str(me)
+        await call(pool, qid, qname, None)
+        await notes.settle()
+        assert notes.naming(qid) == [str(qid)]
+
+        await call(pool, qid, qname, f",@{me}")                                # its own node: none
+        await notes.settle()
+        assert notes.naming(qid) == [str(qid)]
+
+        await conn.fetchval("SELECT fluxpg._node_watches($1, $2)", other, [qid])
+        await call(pool, qid, qname, f",@{me}")                                # another node watches
+        await notes.settle()
+        assert notes.naming(qid) == [str(qid), f"{qid},@{me}"]
+    finally:
+        await notes.close()
+        await pool.close()
+        await conn.execute("DELETE FROM fluxpg.nodes WHERE id = ANY ($1::int[])", [me, other])
+
+
+async def test_a_sequencer_without_a_handoff_notifies_on_a_nodes_pool(dsn, conn, qname):
+    """The tag comes from the handoff that wakes the node's consumers: a Sequencer without one, on
+    a pool whose connections carry fluxpg.node_id, sends an untagged NOTIFY (the queue's consumers
+    on that node are woken by it); the broker's, with its LocalHandoff, tags its moves."""
+    await declare(conn, qname)
+    qid = await conn.fetchval("SELECT id FROM fluxpg.queues WHERE name = $1", qname)
+    me = await _node(conn)
+    await conn.fetchval("SELECT fluxpg._node_watches($1, $2)", me, [qid])      # only this node watches
+    pool = await db.create_pool(dsn, min_size=1, max_size=2, node_id=me)
+    notes = await Notes().start(dsn)
+    try:
+        async with conn.transaction():
+            await fluxpg.publish(conn, f"$queue/{qname}/k", b"x")
+        assert await Sequencer(pool).run_once() == 1
+        await notes.settle()
+        assert notes.naming(qid) == [str(qid)]
+    finally:
+        await notes.close()
+        await pool.close()
+        await conn.execute("DELETE FROM fluxpg.nodes WHERE id = $1", me)
+
+
+async def test_the_brokers_sequencer_tags_its_moves(manager_factory, dsn, conn, qname):
+    """The broker's sequencer passes its handoff's tag: with only its own node consuming, a
+    transactional publish is delivered without a NOTIFY."""
+    mgr = await manager_factory([QueueConfig(name=qname)])
+    qid = mgr.queues[qname].id
+    assert mgr.sequencer._notify_tag == f",@{mgr.node_id}"
+    inbox = Inbox()
+    await mgr.subscribe(qname, "g", "c", on_delivery=inbox, credit=100)
+    notes = await Notes().start(dsn)
+    try:
+        async with conn.transaction():
+            await fluxpg.publish(conn, f"$queue/{qname}/k", b"tx")
+        [d] = await inbox.wait_for(1)
+        assert d.payload == b"tx"
+        await notes.settle()
+        assert notes.naming(qid) == []
     finally:
         await notes.close()

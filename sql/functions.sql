@@ -422,8 +422,13 @@ BEGIN
   RETURN s;
 END $$;
 
+-- if_absent: create only. Auto-creation (a publish or a consumer naming a queue nobody declared:
+-- the broker's queue_manager.auto_create, a first dead letter) passes it: the caller looked the
+-- name up before, and an upsert would reset a queue declared since then (by another node, the
+-- CLI, SQL, AMQP queue.declare) with custom settings to the defaults. Explicit declarations
+-- upsert.
 CREATE OR REPLACE FUNCTION fluxpg.declare_queue(name text, kind text, topics text[] DEFAULT NULL,
-                                                settings jsonb DEFAULT '{}')
+                                                settings jsonb DEFAULT '{}', if_absent boolean DEFAULT false)
 RETURNS int LANGUAGE plpgsql AS $$
 DECLARE
   qname text := name;
@@ -452,9 +457,13 @@ BEGIN
     PERFORM fluxpg.filter_regex(t);  -- raises on an invalid filter
   END LOOP;
 
-  -- Two nodes declaring the same new queue at start-up: the second waits for the first.
+  -- Two nodes declaring the same new queue at start-up: the second waits for the first, and its
+  -- look-up below finds the queue the first created (READ COMMITTED: a snapshot per statement).
   PERFORM pg_advisory_xact_lock(hashtext('fluxpg.declare_queue'), hashtext(qname));
   SELECT * INTO q FROM fluxpg.queues WHERE queues.name = qname FOR UPDATE;
+  IF FOUND AND if_absent THEN
+    RETURN q.id;   -- whatever exists is the queue, as it is (any kind, durable or transient)
+  END IF;
   IF FOUND AND q.durability = 'transient' THEN
     RAISE EXCEPTION USING ERRCODE = 'FP002',
       MESSAGE = format('queue %L exists as a transient queue; it cannot be redeclared durable', qname);
@@ -490,7 +499,7 @@ BEGIN
   PERFORM pg_notify('fluxpg_queues', q.id::text);
   RETURN q.id;
 END $$;
-COMMENT ON FUNCTION fluxpg.declare_queue(text, text, text[], jsonb) IS 'Create a queue with its first segment, or update its topics and settings; returns its id';
+COMMENT ON FUNCTION fluxpg.declare_queue(text, text, text[], jsonb, boolean) IS 'Create a queue with its first segment, or update its topics and settings (if_absent: leave an existing queue as it is); returns its id';
 
 -- ---------------------------------------------------------------------------------------------
 -- Transient queues (migration 0005): classic queues whose messages live in the UNLOGGED default
@@ -1471,10 +1480,13 @@ BEGIN
   SELECT queues.id INTO id FROM fluxpg.queues WHERE name = dname;
   IF FOUND THEN RETURN id; END IF;
   -- $dlq/<name> is bound to its own name only; a plain name gets the usual $queue/<name>/#.
+  -- if_absent: a queue of that name declared since the look-up above (dlq.topic may name any
+  -- queue) keeps its settings.
   RETURN fluxpg.declare_queue(dname, 'classic', CASE WHEN dname LIKE '$dlq/%' THEN ARRAY[dname] END,
     jsonb_build_object('limits', jsonb_build_object('max_depth', 0, 'message_ttl', '0',
                                                     'max_message_size', q.settings #> '{limits,max_message_size}'),
-                       'dlq', jsonb_build_object('enabled', false)));
+                       'dlq', jsonb_build_object('enabled', false)),
+    if_absent => true);
 END $$;
 
 -- Move pending messages of a group to the DLQ (or drop them when the DLQ is disabled) and remove

@@ -32,6 +32,10 @@ SELECT depth, consumers FROM fluxpg.queue_stats WHERE queue = $1;
 -- name: declare_queue
 SELECT fluxpg.declare_queue($1, $2, $3::text[], $4::jsonb);
 
+-- name: declare_queue_if_absent
+-- Auto-creation: a queue declared meanwhile, anywhere, is returned as it is (not reset to these settings).
+SELECT fluxpg.declare_queue($1, $2, $3::text[], $4::jsonb, if_absent => true);
+
 -- name: append_batch
 SELECT ord, queue_id, partition, seq
   FROM fluxpg.append_batch($1::int[], $2::text[], $3::bytea[], $4::jsonb[], $5::text[], $6::text);

@@ -705,16 +705,19 @@ class QueueManager:
                      "(`fluxpg queues` lists them; drop one by hand if it is no longer wanted)",
                      len(unlisted), shown, more)
 
-    async def _declare(self, qc: QueueConfig) -> int:
+    async def _declare(self, qc: QueueConfig, *, if_absent: bool = False) -> int:
         settings = qc.to_settings(self.qm)
+        query = db.queries()["declare_queue_if_absent" if if_absent else "declare_queue"]
         try:
-            return await self.pool.fetchval(db.queries()["declare_queue"], qc.name, qc.type, qc.topics, settings)
+            return await self.pool.fetchval(query, qc.name, qc.type, qc.topics, settings)
         except Exception as exc:  # noqa: BLE001
             raise db.translate_error(exc) from exc
 
-    async def declare_queue(self, qc: QueueConfig) -> QueueInfo:
-        """Create or update a durable queue (AMQP queue.declare, the API)."""
-        await self._declare(qc)
+    async def declare_queue(self, qc: QueueConfig, *, if_absent: bool = False) -> QueueInfo:
+        """Create or update a durable queue (AMQP queue.declare, the API). if_absent (auto-creation):
+        create it only; a queue of that name that exists when the declaration runs (created
+        meanwhile by anyone) is returned as it is, whatever `qc` says."""
+        await self._declare(qc, if_absent=if_absent)
         await self.reload_queues()
         return self.queues[qc.name]
 
@@ -973,7 +976,9 @@ class QueueManager:
         if mode == "transient":
             return await self.declare_transient(name)
         log.info("auto-creating durable classic queue %r (queue_manager.auto_create: durable)", name)
-        return await self.declare_queue(QueueConfig(name=name))
+        # Create-if-absent: the look-up above does not see a declaration made since (another node,
+        # the CLI, SQL, AMQP), and an upsert would reset its settings to the defaults.
+        return await self.declare_queue(QueueConfig(name=name), if_absent=True)
 
     async def publish(self, topic: str, payload: bytes, headers: dict[str, Any] | None = None, *,
                       partition_key: str | None = None) -> list[tuple[str, int]]:

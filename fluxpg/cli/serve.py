@@ -350,8 +350,8 @@ async def _supervise(n: int, dsn: str, config: Config, overrides: dict[str, str 
         delay = 0.5
         if i > 1:
             # Worker 1 starts alone and declares the configured queues; the others start once it
-            # is up. Concurrent first declarations of one queue collide in fluxpg.declare_queue
-            # (unique violation on queues.name), so starting all at once on a fresh database fails.
+            # is up. (Concurrent declarations of one queue would only wait for each other on
+            # declare_queue's per-name lock; staggered, the others find the queues made.)
             await wait_any(first_ready, signals.stop)
         while not signals.stop.is_set():
             launched += 1

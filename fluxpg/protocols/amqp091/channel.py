@@ -517,7 +517,9 @@ class Channel:
             elif self.manager.qm.auto_create == "transient" and qc.type == "classic":
                 await self.manager.declare_transient(name, config=qc)
             else:
-                await self.manager.declare_queue(qc)
+                # Create only: a queue of this name declared meanwhile (another node, the CLI)
+                # keeps its settings, as an existing one does above.
+                await self.manager.declare_queue(qc, if_absent=True)
         except WrongQueueKind as exc:
             raise channel_error(PRECONDITION_FAILED, str(exc), m) from None
         except FluxError as exc:

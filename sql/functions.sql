@@ -962,6 +962,7 @@ DECLARE
   lim bigint;
   missing int;
   notified boolean;
+  part int;
 BEGIN
   IF n IS NULL OR n = 0 THEN RETURN; END IF;
   IF cardinality(topics) <> n OR cardinality(payloads) <> n
@@ -975,17 +976,28 @@ BEGIN
       RAISE EXCEPTION USING ERRCODE = 'FP001', MESSAGE = format('unknown queue id %s', queue_ids[1]);
     END IF;
     IF q.partitions = 1 THEN
-      -- The common case, one queue partition: no grouping, no window, one INSERT.
-      first := fluxpg._reserve(q, 0, n);
+      part := 0;
+    ELSIF keys IS NOT NULL AND nullif(keys[1], '') IS NOT NULL AND keys[1] = ALL (keys) THEN
+      -- One partition key for the whole batch (a producer per key): one partition, decided as
+      -- below for every row.
+      part := abs(hashtext(keys[1]) % q.partitions);
+    ELSIF keys IS NULL AND topics[1] = ALL (topics) AND fluxpg.routing_key(topics[1]) <> '' THEN
+      part := abs(hashtext(fluxpg.routing_key(topics[1])) % q.partitions);   -- one routing key
+    END IF;
+    IF part IS NOT NULL THEN
+      -- The common case, one queue partition: no grouping, no window, one INSERT (a 4-partition
+      -- stream with a producer per partition cost 18 µs of PostgreSQL CPU per message through
+      -- the general path below, 10 through this one).
+      first := fluxpg._reserve(q, part, n);
       ttl := fluxpg._interval(q.settings #>> '{limits,message_ttl}');
       lim := coalesce((q.settings #>> '{limits,max_message_size}')::bigint, 0);
       IF q.durability = 'transient' THEN
-        PERFORM fluxpg._transient_charge(q, 0, (SELECT sum(octet_length(pl)) FROM unnest(payloads) pl));
+        PERFORM fluxpg._transient_charge(q, part, (SELECT sum(octet_length(pl)) FROM unnest(payloads) pl));
       END IF;
       -- The size limit is checked row by row inside the INSERT: a separate pass over the
       -- payload array would copy it again (measured: a third of the append's cost).
       INSERT INTO fluxpg.log (queue_id, partition, seq, topic, payload, headers, created_at, expires_at)
-      SELECT q.id, 0, first + u.i - 1, u.t,
+      SELECT q.id, part, first + u.i - 1, u.t,
              CASE WHEN lim > 0 AND octet_length(u.pl) > lim THEN fluxpg._too_large(q.name, octet_length(u.pl), lim) ELSE u.pl END,
              u.h, now(), fluxpg._expires_at(ttl, u.h)
         FROM unnest(topics, payloads, coalesce(headers, array_fill(NULL::jsonb, ARRAY[n])))
@@ -993,7 +1005,7 @@ BEGIN
       -- unnest, not generate_series(1, n): a generic plan estimates generate_series of parameters
       -- at 1,000 rows and unnest at 10, so with generate_series PostgreSQL re-planned this
       -- statement for every call (a custom plan always looked cheaper); the same below.
-      RETURN QUERY SELECT u.i::int, q.id, 0, first + u.i - 1 FROM unnest(queue_ids) WITH ORDINALITY AS u(x, i);
+      RETURN QUERY SELECT u.i::int, q.id, part, first + u.i - 1 FROM unnest(queue_ids) WITH ORDINALITY AS u(x, i);
       -- An assignment is a simple expression; PERFORM would start an executor for it.
       notified := fluxpg._notify_log(ARRAY[q.id], notify_tag);
       RETURN;

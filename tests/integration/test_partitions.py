@@ -53,6 +53,36 @@ async def test_partition_choice_by_key_routing_key_or_round_robin(conn, qname):
     assert sum(h["next_seq"] for h in heads) == 62
 
 
+async def test_a_batch_of_one_key_goes_where_the_mixed_path_puts_that_key(conn, qname):
+    """A batch whose rows all carry one partition key takes append_batch's one-partition path; it
+    must choose the partition the general path chooses for that key, and keep offsets dense."""
+    await declare(conn, qname, "stream", settings(5))
+    rnd = random.Random(17)
+    keys = [f"key-{rnd.randrange(10**9)}" for _ in range(40)]
+    expected_next: Counter = Counter()
+    for key in keys:
+        whole = await fill(conn, qname, 3, [key] * 3)                 # one key: the one-partition path
+        mixed = await fill(conn, qname, 2, [key, key + "-other"])    # two keys: the general path
+        assert len({r["partition"] for r in whole}) == 1
+        assert whole[0]["partition"] == mixed[0]["partition"], key
+        p = whole[0]["partition"]
+        assert [r["seq"] for r in whole] == [expected_next[p] + i for i in range(3)]
+        assert mixed[0]["seq"] == expected_next[p] + 3
+        expected_next[p] += 4
+        expected_next[mixed[1]["partition"]] += 1
+    heads = await conn.fetch("SELECT partition, next_seq FROM fluxpg.heads WHERE queue_id = "
+                             "(SELECT id FROM fluxpg.queues WHERE name = $1)", qname)
+    assert {h["partition"]: h["next_seq"] for h in heads if h["next_seq"]} == dict(expected_next)
+    # Without keys, one routing key for the whole batch: the same choice as in a mixed batch.
+    qid = await conn.fetchval("SELECT id FROM fluxpg.queues WHERE name = $1", qname)
+    for device in ("dev-1", "dev-2", "dev-3", "dev-4", "dev-5", "dev-6"):
+        topic = f"$queue/{qname}/{device}"
+        whole = await conn.fetch("SELECT partition FROM fluxpg.append_batch($1, $2, $3)", [qid] * 2, [topic] * 2, [b"a", b"b"])
+        mixed = await conn.fetch("SELECT partition FROM fluxpg.append_batch($1, $2, $3) ORDER BY ord",
+                                 [qid] * 2, [topic, topic + "x"], [b"a", b"b"])
+        assert whole[0]["partition"] == whole[1]["partition"] == mixed[0]["partition"], device
+
+
 async def test_members_share_partitions_plus_minus_one(conn, qname):
     await declare(conn, qname, "stream", settings(6))
     for members in (1, 2, 4, 8):

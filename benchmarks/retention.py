@@ -207,6 +207,21 @@ def stats(timings: list[Timing]) -> dict:
             "mean": statistics.fmean(s) * 1e3 if s else float("nan")}
 
 
+async def settle(conn, quiet_ms: float = 20.0, limit: float = 120.0) -> float:
+    """Wait until 20 one-row commits in a row each take under quiet_ms: after the fill this
+    machine's disk kept commits stalling for seconds (a reference window with nothing due read a
+    759 ms publish), which is the disk's and not retention's. Returns the seconds waited."""
+    await conn.execute("CREATE TABLE IF NOT EXISTS settle_probe (x int)")   # logged: its commits flush WAL (the database is the benchmark's own)
+    start = time.perf_counter()
+    steady = 0
+    while steady < 20 and time.perf_counter() - start < limit:
+        t0 = time.perf_counter()
+        await conn.execute("INSERT INTO settle_probe VALUES (1)")   # a commit that flushes WAL
+        steady = steady + 1 if (time.perf_counter() - t0) * 1e3 < quiet_ms else 0
+        await asyncio.sleep(0.05)
+    return time.perf_counter() - start
+
+
 async def segments(conn, qid: int) -> int:
     return await conn.fetchval("SELECT count(*) FROM pg_inherits WHERE inhparent = $1::regclass "
                                "AND NOT inhdetachpending", f"fluxpg.log_{qid}")
@@ -310,6 +325,12 @@ async def main(args) -> list[dict]:
                 print(f"filled {name}: {args.messages:,} messages at {rate:,.0f} msgs/s", flush=True)
                 queues[path] = (name, qid)
             await conn.execute("VACUUM ANALYZE")
+            # The fill wrote ~1 GB of WAL and as many dirty pages: without a checkpoint here the
+            # server's own (by max_wal_size) fell into the measured windows and stalled every
+            # commit for ~300 ms, the reference window's included (2026-11-29: max 285 ms before
+            # anything was due).
+            await conn.execute("CHECKPOINT")
+            print(f"commits steady after {await settle(conn):.1f} s", flush=True)
         finally:
             await conn.close()
         for path in args.paths:

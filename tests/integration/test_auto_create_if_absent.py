@@ -67,12 +67,19 @@ async def test_auto_create_keeps_a_queue_declared_after_the_nodes_look_up(manage
     custom settings, then the node's auto-create runs: the queue keeps them and takes the publish."""
     mgr = await manager_factory()
     look_up = mgr.reload_queues
+    # The manager also reloads on its own (a NOTIFY of a queue change, its declare_queue), so the
+    # patched look-up may run twice at once: one declaration, and `conn` used by one at a time.
+    declared = asyncio.Lock()
+    done = False
 
     async def look_up_then_declared_elsewhere() -> None:
+        nonlocal done
         await look_up()
-        if not await conn.fetchval("SELECT count(*) FROM fluxpg.queues WHERE name = $1", qname):
-            await conn.fetchval("SELECT fluxpg.declare_queue($1, 'classic', $2, $3)", qname,
-                                [f"$queue/{qname}/#", "orders/#"], CUSTOM)
+        async with declared:
+            if not done:
+                done = True
+                await conn.fetchval("SELECT fluxpg.declare_queue($1, 'classic', $2, $3)", qname,
+                                    [f"$queue/{qname}/#", "orders/#"], CUSTOM)
 
     mgr.reload_queues = look_up_then_declared_elsewhere
     assert await mgr.publish(f"$queue/{qname}/a", b"x") == [(qname, 0)]

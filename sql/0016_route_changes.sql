@@ -28,12 +28,15 @@ BEGIN
   RETURN NULL;
 END $$;
 
--- Statement level: one row per statement that changed queues, not per queue row.
-CREATE TRIGGER queues_route_insert AFTER INSERT ON fluxpg.queues
-  FOR EACH STATEMENT EXECUTE FUNCTION fluxpg._route_changed();
-CREATE TRIGGER queues_route_delete AFTER DELETE ON fluxpg.queues
-  FOR EACH STATEMENT EXECUTE FUNCTION fluxpg._route_changed();
+-- Row level, and an update only when what routing reads differs: a statement that changes no row
+-- (a sweep that found nothing, the cascade of a node's deletion) or a re-declaration with the same
+-- settings (every broker start re-declares its configured queues) leaves every session's cached
+-- route valid. A bulk change adds a row per queue; the heartbeat folds them.
+CREATE TRIGGER queues_route_row AFTER INSERT OR DELETE ON fluxpg.queues
+  FOR EACH ROW EXECUTE FUNCTION fluxpg._route_changed();
 CREATE TRIGGER queues_route_update AFTER UPDATE OF name, topics, settings ON fluxpg.queues
-  FOR EACH STATEMENT EXECUTE FUNCTION fluxpg._route_changed();
+  FOR EACH ROW WHEN (OLD.name IS DISTINCT FROM NEW.name OR OLD.topics IS DISTINCT FROM NEW.topics
+                     OR OLD.settings IS DISTINCT FROM NEW.settings)
+  EXECUTE FUNCTION fluxpg._route_changed();
 CREATE TRIGGER queues_route_truncate AFTER TRUNCATE ON fluxpg.queues
   FOR EACH STATEMENT EXECUTE FUNCTION fluxpg._route_changed();

@@ -718,7 +718,7 @@ $$;
 -- their total inserted, in one statement, so every snapshot sees the same sum before and after.
 -- Two calls at once are fine: the second's DELETE skips the rows the first deleted (it waits for
 -- the first to commit, then finds them gone) and inserts only what it took itself. Called by the
--- nodes' heartbeat: fluxpg.publish reads the whole table on every call.
+-- nodes' heartbeat and by fluxpg.sequence_staged: fluxpg.publish reads the whole table on every call.
 CREATE OR REPLACE FUNCTION fluxpg._compact_route_changes() RETURNS void
 LANGUAGE sql AS $$
   WITH d AS (DELETE FROM fluxpg.route_changes RETURNING weight)
@@ -1409,9 +1409,15 @@ BEGIN
 END $$;
 
 CREATE OR REPLACE FUNCTION fluxpg.sequence_staged(max_rows int DEFAULT 5000) RETURNS int
-LANGUAGE sql AS $$
-  SELECT cardinality((fluxpg._sequence(max_rows)).moved)
-$$;
+LANGUAGE plpgsql AS $$
+BEGIN
+  -- Without a broker no heartbeat folds the routing version's rows, which every fluxpg.publish
+  -- reads: whoever sequences the outbox folds them too.
+  IF (SELECT count(*) > 1 FROM fluxpg.route_changes) THEN
+    PERFORM fluxpg._compact_route_changes();
+  END IF;
+  RETURN cardinality((fluxpg._sequence(max_rows)).moved);
+END $$;
 COMMENT ON FUNCTION fluxpg.sequence_staged(int) IS 'Append messages of committed fluxpg.publish() transactions to the log in commit order (the brokers run it; call it yourself when no broker runs)';
 
 -- The broker's sequencer: fluxpg.sequence_staged plus, in the same transaction (committed

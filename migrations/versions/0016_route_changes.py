@@ -22,8 +22,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    for event in ("insert", "delete", "update", "truncate"):
-        op.execute(f"DROP TRIGGER queues_route_{event} ON fluxpg.queues")
+    for trigger in ("row", "update", "truncate"):
+        op.execute(f"DROP TRIGGER queues_route_{trigger} ON fluxpg.queues")
     op.execute("DROP FUNCTION fluxpg._route_changed()")
     op.execute("DROP TABLE fluxpg.route_changes")
     routines.restore_trigger_functions(op.get_bind())

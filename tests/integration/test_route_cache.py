@@ -17,6 +17,8 @@ from fluxpg import db
 
 from tests.helpers import declare
 
+CUSTOM = {"retry": {"max_retries": 3}}
+
 
 async def _publish(conn, topic: str, payload: bytes = b"x") -> list[str]:
     return sorted(r["queue"] for r in await conn.fetch("SELECT queue FROM fluxpg.publish($1, $2)", topic, payload))
@@ -96,6 +98,19 @@ async def test_a_change_counts_once_committed_and_a_rolled_back_one_never(conn, 
         assert await _publish(conn, topic) == [qname]
 
 
+async def test_what_changes_no_route_keeps_the_version(conn, other, qname):
+    """A re-declaration with the same settings (every broker start makes one per configured
+    queue) and a statement that changes no row leave the version, so no cached route is dropped."""
+    await declare(other, qname, settings=CUSTOM)
+    before = await _version(conn)
+    await declare(other, qname, settings=CUSTOM)
+    await other.execute("DELETE FROM fluxpg.queues WHERE name = $1", qname + "-none")
+    await other.execute("UPDATE fluxpg.queues SET topics = topics WHERE name = $1", qname)
+    assert await _version(conn) == before
+    await declare(other, qname, settings={"retry": {"max_retries": 4}})
+    assert await _version(conn) == before + 1
+
+
 async def test_a_lowered_size_limit_is_enforced_on_the_cached_route(conn, other, qname):
     await declare(conn, qname)
     topic = f"$queue/{qname}/k"
@@ -166,15 +181,21 @@ async def test_compaction_keeps_the_version(conn, other, qname):
     assert await conn.fetchval("SELECT count(*) FROM fluxpg.route_changes") == 1
 
 
-async def test_node_heartbeat_compacts(conn, other, qname):
+@pytest.mark.parametrize("who", ["node_heartbeat", "sequence_staged"])
+async def test_the_heartbeat_and_the_sql_sequencer_compact(conn, other, qname, who):
+    """A broker's heartbeat folds the rows; without a broker, whoever calls sequence_staged does."""
     for i in range(3):
         await declare(other, f"{qname}_{i}")
     before = await _version(conn)
-    node = await conn.fetchval("SELECT fluxpg.register_node('test', 1)")
-    await conn.fetchval("SELECT fluxpg.node_heartbeat($1)", node)
+    assert await conn.fetchval("SELECT count(*) FROM fluxpg.route_changes") > 1
+    if who == "node_heartbeat":
+        node = await conn.fetchval("SELECT fluxpg.register_node('test', 1)")
+        await conn.fetchval("SELECT fluxpg.node_heartbeat($1)", node)
+        await conn.execute("DELETE FROM fluxpg.nodes WHERE id = $1", node)
+    else:
+        await conn.fetchval("SELECT fluxpg.sequence_staged()")
     assert await conn.fetchval("SELECT count(*) FROM fluxpg.route_changes") == 1
     assert await _version(conn) == before
-    await conn.execute("DELETE FROM fluxpg.nodes WHERE id = $1", node)
 
 
 async def test_publish_routes_as_route_does_over_a_random_walk_of_changes(conn, other, qname):

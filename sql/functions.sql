@@ -719,10 +719,21 @@ $$;
 -- Two calls at once are fine: the second's DELETE skips the rows the first deleted (it waits for
 -- the first to commit, then finds them gone) and inserts only what it took itself. Called by the
 -- nodes' heartbeat and by fluxpg.sequence_staged: fluxpg.publish reads the whole table on every call.
+-- A table of one row is left alone (no dead row written for nothing).
 CREATE OR REPLACE FUNCTION fluxpg._compact_route_changes() RETURNS void
 LANGUAGE sql AS $$
-  WITH d AS (DELETE FROM fluxpg.route_changes RETURNING weight)
+  WITH d AS (DELETE FROM fluxpg.route_changes WHERE (SELECT count(*) > 1 FROM fluxpg.route_changes)
+             RETURNING weight)
   INSERT INTO fluxpg.route_changes (weight) SELECT sum(d.weight) FROM d HAVING count(*) > 0
+$$;
+
+-- The partition of a message with partition key k (else its topic's routing key) in a queue of
+-- `parts` partitions; NULL when it has neither (append_batch then goes round robin). An SQL
+-- expression function: the planner inlines it into append_batch's per-row query, and plpgsql
+-- evaluates it as a simple expression. benchmarks/cpu/sql.py picks its producers' keys with it.
+CREATE OR REPLACE FUNCTION fluxpg._partition_of(k text, t text, parts int) RETURNS int
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+  SELECT abs(hashtext(coalesce(nullif(k, ''), nullif(fluxpg.routing_key(t), ''))) % parts)
 $$;
 
 -- Queue ids whose topic bindings match a topic, in id order (the order heads are locked in).
@@ -977,12 +988,11 @@ BEGIN
     END IF;
     IF q.partitions = 1 THEN
       part := 0;
-    ELSIF keys IS NOT NULL AND nullif(keys[1], '') IS NOT NULL AND keys[1] = ALL (keys) THEN
-      -- One partition key for the whole batch (a producer per key): one partition, decided as
-      -- below for every row.
-      part := abs(hashtext(keys[1]) % q.partitions);
-    ELSIF keys IS NULL AND topics[1] = ALL (topics) AND fluxpg.routing_key(topics[1]) <> '' THEN
-      part := abs(hashtext(fluxpg.routing_key(topics[1])) % q.partitions);   -- one routing key
+    ELSIF (keys IS NULL AND topics[1] = ALL (topics))
+       OR (nullif(keys[1], '') IS NOT NULL AND keys[1] = ALL (keys)) THEN
+      -- One partition key (or, without keys, one routing key) for the whole batch, a producer per
+      -- key: every row's partition is the first's (NULL: no key at all, the round robin below).
+      part := fluxpg._partition_of(keys[1], topics[1], q.partitions);
     END IF;
     IF part IS NOT NULL THEN
       -- The common case, one queue partition: no grouping, no window, one INSERT (a 4-partition
@@ -1014,9 +1024,8 @@ BEGIN
 
   -- Partition of every row, decided once (the round robin uses random()).
   SELECT array_agg(CASE WHEN qq.partitions = 1 THEN 0
-                        WHEN coalesce(nullif(u.k, ''), nullif(fluxpg.routing_key(u.t), '')) IS NOT NULL
-                          THEN abs(hashtext(coalesce(nullif(u.k, ''), fluxpg.routing_key(u.t))) % qq.partitions)
-                        ELSE ((u.i + rr.base) % qq.partitions)::int END ORDER BY u.i)
+                        ELSE coalesce(fluxpg._partition_of(u.k, u.t, qq.partitions),
+                                      ((u.i + rr.base) % qq.partitions)::int) END ORDER BY u.i)
     INTO parts
     FROM unnest(queue_ids, topics, coalesce(keys, array_fill(NULL::text, ARRAY[n])))
          WITH ORDINALITY AS u(qid, t, k, i)
@@ -1220,15 +1229,13 @@ BEGIN
       FROM unnest(ids, names, lims, res) AS u(id, name, lim, reserved)
      WHERE NOT u.reserved OR NOT (false = ANY (res));
   END IF;
-  IF cardinality(ids) = 1 THEN
-    -- Session settings, not transaction-local: kept for the session's next transactions (a
-    -- rollback takes them back, like any setting).
-    setting := set_config('fluxpg.route_topic', topic, false);
-    setting := set_config('fluxpg.route', concat_ws(E'\x1f', version, ids[1], lims[1], names[1]), false);
-  END IF;
   -- The offset is assigned when the caller commits. The shared lock per target queue (key
   -- 1179669332, queue id), held until the transaction ends, is what queue_stats counts.
   IF cardinality(ids) = 1 THEN
+    -- The route kept for the next publish of this topic: session settings, not transaction-local
+    -- (a rollback takes them back, like any setting).
+    setting := set_config('fluxpg.route_topic', topic, false);
+    setting := set_config('fluxpg.route', concat_ws(E'\x1f', version, ids[1], lims[1], names[1]), false);
     IF lims[1] > 0 AND octet_length(payload) > lims[1] THEN
       PERFORM fluxpg._too_large(names[1], octet_length(payload), lims[1]);  -- raises
     END IF;
@@ -1413,9 +1420,7 @@ LANGUAGE plpgsql AS $$
 BEGIN
   -- Without a broker no heartbeat folds the routing version's rows, which every fluxpg.publish
   -- reads: whoever sequences the outbox folds them too.
-  IF (SELECT count(*) > 1 FROM fluxpg.route_changes) THEN
-    PERFORM fluxpg._compact_route_changes();
-  END IF;
+  PERFORM fluxpg._compact_route_changes();
   RETURN cardinality((fluxpg._sequence(max_rows)).moved);
 END $$;
 COMMENT ON FUNCTION fluxpg.sequence_staged(int) IS 'Append messages of committed fluxpg.publish() transactions to the log in commit order (the brokers run it; call it yourself when no broker runs)';
@@ -2802,9 +2807,7 @@ DECLARE
 BEGIN
   UPDATE fluxpg.nodes SET last_seen_at = now() WHERE id = node;
   DELETE FROM fluxpg.log_watchers WHERE until < now();   -- SQL listeners' leases that ended
-  IF (SELECT count(*) > 1 FROM fluxpg.route_changes) THEN
-    PERFORM fluxpg._compact_route_changes();
-  END IF;
+  PERFORM fluxpg._compact_route_changes();
   SELECT array_agg(id) INTO dead FROM fluxpg.nodes WHERE last_seen_at < now() - timeout AND id <> node;
   IF dead IS NULL THEN RETURN 0; END IF;
   UPDATE fluxpg.pending p SET visible_at = now()

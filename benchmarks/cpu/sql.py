@@ -97,15 +97,12 @@ async def fluxpg_round(dsn: str, meter: Meter, args) -> dict[str, Sample]:
         await conn.execute("SELECT fluxpg.declare_queue($1, 'stream', null, $2::jsonb)", stream,
                            '{"partitions": %d}' % args.clients)
         qid = await conn.fetchval("SELECT id FROM fluxpg.queues WHERE name = $1", stream)
-        # A partition key per producer, each landing on a partition of its own (as append_batch
-        # chooses it: hashtext of the key modulo the partitions).
-        keys: dict[int, str] = {}
-        for k in range(1000):
-            p = await conn.fetchval("SELECT abs(hashtext($1) % $2)", f"k{k}", args.clients)
-            keys.setdefault(p, f"k{k}")
-            if len(keys) == args.clients:
-                break
-        return qid, [keys[p] for p in sorted(keys)]
+        # A partition key per producer, each landing on a partition of its own (chosen by
+        # append_batch's own rule, fluxpg._partition_of).
+        keys = [r[0] for r in await conn.fetch(
+            "SELECT min('k' || g) FROM generate_series(0, 999) g "
+            "GROUP BY fluxpg._partition_of('k' || g, NULL, $1) ORDER BY 1", args.clients)]
+        return qid, keys
 
     async def produce_partition(i, conn, ctx):
         qid, keys = ctx

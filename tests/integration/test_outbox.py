@@ -353,6 +353,58 @@ async def test_publish_routes_as_route_does(conn, qname, manager_factory):
                                f"other/{qname}/z", f"{qname}_r")
 
 
+async def test_concurrent_sequencers_move_each_message_once_in_commit_order(dsn, conn, qname):
+    """Three sequencers call fluxpg.sequence_staged at once, in rounds of a few markers, while four
+    connections commit transactions of one or two fluxpg.publish calls (two markers; a round's
+    limit often falls between them). Each sequencer deletes the markers it read by their row
+    addresses: only the one holding the lock may, so every committed message is appended exactly
+    once, each connection's in its commit order, with no gap and nothing left behind."""
+    await conn.execute("SELECT fluxpg.declare_queue($1, 'classic', NULL, '{}')", qname)
+    topic = f"$queue/{qname}/x"
+    committed: dict[int, list[bytes]] = {w: [] for w in range(4)}
+    publishing = True
+
+    async def publisher(w: int) -> None:
+        c = await db.connect(dsn)
+        try:
+            for t in range(120):
+                msgs = [b"w%d-t%d-m%d" % (w, t, m) for m in range(1 + t % 2)]
+                async with c.transaction():
+                    for m in msgs:
+                        await fluxpg.publish(c, topic, m)
+                committed[w].extend(msgs)
+        finally:
+            await c.close()
+
+    async def sequencer() -> int:
+        c = await db.connect(dsn)
+        moved = 0
+        try:
+            while publishing or await c.fetchval("SELECT EXISTS (SELECT FROM fluxpg.outbox_commits)"):
+                moved += await c.fetchval("SELECT fluxpg.sequence_staged(3)")
+        finally:
+            await c.close()
+        return moved
+
+    sequencers = [asyncio.ensure_future(sequencer()) for _ in range(3)]
+    await asyncio.gather(*(publisher(w) for w in range(4)))
+    publishing = False
+    moved = await asyncio.gather(*sequencers)
+    want = sum(len(v) for v in committed.values())
+    assert sum(moved) == want
+    assert all(n > 0 for n in moved)       # all three took rounds
+    rows = await conn.fetch("SELECT seq, payload FROM fluxpg.log l JOIN fluxpg.queues q ON q.id = l.queue_id "
+                            "WHERE q.name = $1 ORDER BY seq", qname)
+    assert [r["seq"] for r in rows] == list(range(want))
+    got = [bytes(r["payload"]) for r in rows]
+    assert sorted(got) == sorted(m for v in committed.values() for m in v)
+    for w, msgs in committed.items():
+        assert [m for m in got if m.startswith(b"w%d-" % w)] == msgs
+    assert await conn.fetchval("SELECT count(*) FROM fluxpg.outbox_commits") == 0
+    assert await conn.fetchval("SELECT count(*) FROM fluxpg.outbox o JOIN fluxpg.queues q ON q.id = o.queue_id "
+                               "WHERE q.name = $1", qname) == 0
+
+
 def test_commit_order_not_transaction_id_order(dsn, qname):
     """Offsets follow commit order even where transaction ids say otherwise: B starts (and takes
     its transaction id) first, A publishes and commits, then B commits, then C. All three are

@@ -10,7 +10,10 @@ the broker and the application, as ratios within one run.
 2. Throughput of transactional publishes, one message per transaction from 8 connections, vs
    `pgmq.send` in the same kind of transaction on the same server (target >= 1.0 x); beside it
    PostgreSQL's CPU per transaction (all backends of the database, the sequencer's included, from
-   /proc: only when the server runs on this host), which a shared machine's load moves less. pgmq is
+   /proc: only when the server runs on this host), which a shared machine's load moves less, split
+   into the publishers' backends and the rest (the sequencer, with its messages per round); and
+   each round's ratio, which strays far from the median here (README). A CHECKPOINT precedes each
+   side's run. pgmq is
    installed from its plain-SQL file (`pgmq-extension/sql/pgmq.sql` of the pgmq project) into the
    benchmark's own database; without --pgmq-sql that row says so and is not measured.
 3. End-to-end latency publish -> delivery at 1,000 msg/s: a transaction (BEGIN; fluxpg.publish;
@@ -32,6 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import asyncpg  # noqa: E402
 import fluxpg  # noqa: E402
 from fluxpg import db  # noqa: E402
 from fluxpg.config import Config, QueueConfig  # noqa: E402
@@ -88,27 +92,38 @@ def _cpu_seconds(pids: list[int]) -> dict[int, float] | None:
 
 
 async def tx_throughput(dsn: str, statement: str, args: tuple, *, connections: int = 8,
-                        seconds: float = 5.0, drain: str | None = None) -> dict:
+                        seconds: float = 5.0, drain: str | None = None,
+                        mgr: QueueManager | None = None) -> dict:
     """Transactions per second, one statement (one message) each, from `connections` connections;
     and PostgreSQL's CPU per transaction, every backend of the benchmark's database (the broker's
     sequencer included: `drain` is polled until it says the last message was moved), which the
-    load of other processes on a shared machine moves far less than the rate."""
-    stop = time.perf_counter() + seconds
+    load of other processes on a shared machine moves far less than the rate: the publishers'
+    own backends and the rest (the sequencer's) apart, so the report says where the time goes.
+    A CHECKPOINT first: one that falls inside a run makes its first write to every page a
+    full-page image, and would slow whichever side it happened to fall on."""
+    stop_at = None
     counts = [0] * connections
     conns = [await db.connect(dsn) for _ in range(connections)]
     admin = await db.connect(dsn)
+    try:
+        await admin.execute("CHECKPOINT")
+    except asyncpg.InsufficientPrivilegeError:
+        pass   # not a superuser (nor pg_checkpoint): the runs stay comparable, only noisier
+    publishers = {c.get_server_pid() for c in conns}
     pids = [r[0] for r in await admin.fetch(
         "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")]
     before = _cpu_seconds(pids)
+    rounds_before = (mgr.sequencer.rounds, mgr.sequencer.moved) if mgr is not None and mgr.sequencer else None
 
     async def worker(i: int) -> None:
         c = conns[i]
-        while time.perf_counter() < stop:
+        while time.perf_counter() < stop_at:
             async with c.transaction():
                 await c.execute(statement, *args)
             counts[i] += 1
 
     started = time.perf_counter()
+    stop_at = started + seconds
     await asyncio.gather(*(worker(i) for i in range(connections)))
     elapsed = time.perf_counter() - started
     while drain and await admin.fetchval(drain):
@@ -116,10 +131,18 @@ async def tx_throughput(dsn: str, statement: str, args: tuple, *, connections: i
     after = _cpu_seconds(pids)
     for c in conns + [admin]:
         await c.close()
-    cpu = None
+    n = sum(counts)
+    out = {"tx_per_s": n / elapsed, "cpu_us_per_tx": None, "publishers_cpu_us_per_tx": None,
+           "others_cpu_us_per_tx": None, "messages_per_round": None}
     if before is not None and after is not None:
-        cpu = 1e6 * sum(after[p] - before[p] for p in pids) / sum(counts)
-    return {"tx_per_s": sum(counts) / elapsed, "cpu_us_per_tx": cpu}
+        spent = {p: after[p] - before[p] for p in pids}
+        out["cpu_us_per_tx"] = 1e6 * sum(spent.values()) / n
+        out["publishers_cpu_us_per_tx"] = 1e6 * sum(v for p, v in spent.items() if p in publishers) / n
+        out["others_cpu_us_per_tx"] = out["cpu_us_per_tx"] - out["publishers_cpu_us_per_tx"]
+    if rounds_before is not None:
+        rounds = mgr.sequencer.rounds - rounds_before[0]
+        out["messages_per_round"] = (mgr.sequencer.moved - rounds_before[1]) / max(rounds, 1)
+    return out
 
 
 async def end_to_end(mgr: QueueManager, dsn: str, queue: str, *, transactional: bool, rate: int = 1000,
@@ -195,7 +218,7 @@ async def main(args) -> dict:
                 if "throughput" in args.measure:
                     rows["tx_fluxpg"].append(await tx_throughput(
                         dsn, "SELECT fluxpg.publish('$queue/txq/k', $1)", (PAYLOAD,),
-                        drain="SELECT EXISTS (SELECT FROM fluxpg.outbox_commits)"))
+                        drain="SELECT EXISTS (SELECT FROM fluxpg.outbox_commits)", mgr=mgr))
                     if pgmq:
                         rows["tx_pgmq"].append(await tx_throughput(dsn, pgmq, (body,)))
                 if "e2e" in args.measure:
@@ -213,6 +236,10 @@ async def main(args) -> dict:
         "publish_p50_ms_with": med("latency_with", "p50_ms"), "publish_p99_ms_with": med("latency_with", "p99_ms"),
         "tx_per_s_fluxpg": med("tx_fluxpg", "tx_per_s"), "tx_per_s_pgmq": med("tx_pgmq", "tx_per_s"),
         "cpu_us_per_tx_fluxpg": med("tx_fluxpg", "cpu_us_per_tx"), "cpu_us_per_tx_pgmq": med("tx_pgmq", "cpu_us_per_tx"),
+        "publishers_cpu_us_per_tx_fluxpg": med("tx_fluxpg", "publishers_cpu_us_per_tx"),
+        "publishers_cpu_us_per_tx_pgmq": med("tx_pgmq", "publishers_cpu_us_per_tx"),
+        "others_cpu_us_per_tx_fluxpg": med("tx_fluxpg", "others_cpu_us_per_tx"),
+        "messages_per_round": med("tx_fluxpg", "messages_per_round"),
         "e2e_p50_ms_direct": med("e2e_direct", "p50_ms"), "e2e_p99_ms_direct": med("e2e_direct", "p99_ms"),
         "e2e_p50_ms_tx": med("e2e_tx", "p50_ms"), "e2e_p99_ms_tx": med("e2e_tx", "p99_ms"),
         "raw": rows,
@@ -220,16 +247,22 @@ async def main(args) -> dict:
 
     # Each round measures both sides back to back under the same load: the ratio of a round's
     # pair, then the median over rounds, is steadier than the ratio of two medians.
-    def paired(a, b, field=None, diff=False):
+    def each(a, b, field=None, diff=False):
         pairs = [(x[field] if field else x, y[field] if field else y) for x, y in zip(rows[a], rows[b])]
         if not pairs or any(None in p for p in pairs):
             return None
-        return statistics.median((x - y) if diff else (x / y) for x, y in pairs)
+        return [(x - y) if diff else (x / y) for x, y in pairs]
+
+    def paired(a, b, field=None, diff=False):
+        values = each(a, b, field, diff)
+        return statistics.median(values) if values else None
 
     results.update({
         "ratio_publish_p50": paired("latency_with", "latency_without", "p50_ms"),
         "ratio_publish_p99": paired("latency_with", "latency_without", "p99_ms"),
         "ratio_tx": paired("tx_fluxpg", "tx_pgmq", "tx_per_s"),
+        # Round by round, to show how far one round's pair can stray from the median.
+        "ratios_tx": each("tx_fluxpg", "tx_pgmq", "tx_per_s"),
         # pgmq's CPU per transaction over fluxpg's: >= 1.0 when fluxpg costs no more.
         "ratio_tx_cpu": paired("tx_pgmq", "tx_fluxpg", "cpu_us_per_tx"),
         "added_e2e_p50_ms": paired("e2e_tx", "e2e_direct", "p50_ms", diff=True),
@@ -259,11 +292,18 @@ def report(r: dict) -> str:
             f"| transactions/s, one message each, 8 connections | "
             f"{r['tx_per_s_pgmq'] and format(r['tx_per_s_pgmq'], ',.0f') or 'pgmq not installed'} | "
             f"{r['tx_per_s_fluxpg']:,.0f} | {fmt(r['ratio_tx'])} | ≥ 1.0 |")
+        if r["ratios_tx"]:
+            lines.append(f"| ... each round's ratio | | | {', '.join(fmt(x) for x in r['ratios_tx'])} | |")
         if r["cpu_us_per_tx_fluxpg"] is not None and r["cpu_us_per_tx_pgmq"] is not None:
-            lines.append(
+            lines += [
                 f"| PostgreSQL CPU per transaction (µs), all backends, the sequencer's included | "
                 f"{r['cpu_us_per_tx_pgmq']:.0f} | {r['cpu_us_per_tx_fluxpg']:.0f} | "
-                f"{fmt(r['ratio_tx_cpu'])} (pgmq / fluxpg) | |")
+                f"{fmt(r['ratio_tx_cpu'])} (pgmq / fluxpg) | |",
+                f"| ... of it the publishers' backends | {r['publishers_cpu_us_per_tx_pgmq']:.0f} | "
+                f"{r['publishers_cpu_us_per_tx_fluxpg']:.0f} | | |",
+                f"| ... of it the sequencer's (messages per round: {fmt(r['messages_per_round'])}) | | "
+                f"{r['others_cpu_us_per_tx_fluxpg']:.0f} | | |",
+            ]
     if r["e2e_p50_ms_tx"] is not None:
         lines += [
             f"| end-to-end p50 (ms) at 1,000 msg/s | {r['e2e_p50_ms_direct']:.2f} | {r['e2e_p50_ms_tx']:.2f} | "

@@ -101,7 +101,6 @@ async def tx_throughput(dsn: str, statement: str, args: tuple, *, connections: i
     own backends and the rest (the sequencer's) apart, so the report says where the time goes.
     A CHECKPOINT first: one that falls inside a run makes its first write to every page a
     full-page image, and would slow whichever side it happened to fall on."""
-    stop_at = None
     counts = [0] * connections
     conns = [await db.connect(dsn) for _ in range(connections)]
     admin = await db.connect(dsn)
@@ -113,7 +112,10 @@ async def tx_throughput(dsn: str, statement: str, args: tuple, *, connections: i
     pids = [r[0] for r in await admin.fetch(
         "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")]
     before = _cpu_seconds(pids)
-    rounds_before = (mgr.sequencer.rounds, mgr.sequencer.moved) if mgr is not None and mgr.sequencer else None
+    sequencer = mgr.sequencer if mgr is not None else None
+    sequenced_before = (sequencer.rounds, sequencer.moved) if sequencer is not None else None
+    started = time.perf_counter()
+    stop_at = started + seconds
 
     async def worker(i: int) -> None:
         c = conns[i]
@@ -122,8 +124,6 @@ async def tx_throughput(dsn: str, statement: str, args: tuple, *, connections: i
                 await c.execute(statement, *args)
             counts[i] += 1
 
-    started = time.perf_counter()
-    stop_at = started + seconds
     await asyncio.gather(*(worker(i) for i in range(connections)))
     elapsed = time.perf_counter() - started
     while drain and await admin.fetchval(drain):
@@ -139,9 +139,9 @@ async def tx_throughput(dsn: str, statement: str, args: tuple, *, connections: i
         out["cpu_us_per_tx"] = 1e6 * sum(spent.values()) / n
         out["publishers_cpu_us_per_tx"] = 1e6 * sum(v for p, v in spent.items() if p in publishers) / n
         out["others_cpu_us_per_tx"] = out["cpu_us_per_tx"] - out["publishers_cpu_us_per_tx"]
-    if rounds_before is not None:
-        rounds = mgr.sequencer.rounds - rounds_before[0]
-        out["messages_per_round"] = (mgr.sequencer.moved - rounds_before[1]) / max(rounds, 1)
+    if sequenced_before is not None:
+        rounds = sequencer.rounds - sequenced_before[0]
+        out["messages_per_round"] = (sequencer.moved - sequenced_before[1]) / max(rounds, 1)
     return out
 
 

@@ -514,10 +514,22 @@ def test_serve_embedded_stops_cleanly(private_tmp, sig):
 
 
 def _children(pid: int) -> list[psutil.Process]:
+    """The live worker processes of the supervisor `pid`. A worker that has just died (gone, or a
+    zombie whose command line can no longer be read) is left out on its own: were the whole list
+    dropped, a check "the killed worker is no longer among them" would pass before the
+    supervisor had even noticed the death."""
     try:
-        return [p for p in psutil.Process(pid).children() if "--worker" in " ".join(p.cmdline())]
+        children = psutil.Process(pid).children()
     except psutil.NoSuchProcess:
         return []
+    workers = []
+    for child in children:
+        try:
+            if "--worker" in child.cmdline() and child.status() != psutil.STATUS_ZOMBIE:
+                workers.append(child)
+        except psutil.NoSuchProcess:  # ZombieProcess included
+            continue
+    return workers
 
 
 def _wait_for(predicate, timeout: float, what: str):
@@ -537,7 +549,7 @@ def test_workers_share_the_port_and_are_supervised(dsn):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env())
     try:
         wait_healthy(proc, port)
-        workers = _wait_for(lambda: len(_children(proc.pid)) == 2 and _children(proc.pid), 60, "two workers")
+        workers = _wait_for(lambda: len(live := _children(proc.pid)) == 2 and live, 60, "two workers")
         # Both answer on the one port (the kernel spreads connections over SO_REUSEPORT sockets).
         nodes = set()
         deadline = time.monotonic() + 30
@@ -550,7 +562,8 @@ def test_workers_share_the_port_and_are_supervised(dsn):
         # A crashed worker is replaced.
         victim = workers[0]
         victim.kill()
-        _wait_for(lambda: len(_children(proc.pid)) == 2 and victim.pid not in {p.pid for p in _children(proc.pid)},
+        # One listing per check: two of them could see the victim alive, then (dying) not at all.
+        _wait_for(lambda: (live := {p.pid for p in _children(proc.pid)}) and len(live) == 2 and victim.pid not in live,
                   60, "the crashed worker to be restarted")
         wait_healthy(proc, port)
 
@@ -587,7 +600,7 @@ def test_workers_stop_when_their_supervisor_is_killed(dsn):
     workers: list[psutil.Process] = []
     try:
         wait_healthy(proc, port)
-        workers = _wait_for(lambda: len(_children(proc.pid)) == 2 and _children(proc.pid), 60, "two workers")
+        workers = _wait_for(lambda: len(live := _children(proc.pid)) == 2 and live, 60, "two workers")
         proc.kill()  # SIGKILL: no chance to forward anything
         proc.wait()
         gone, alive = psutil.wait_procs(workers, timeout=20)

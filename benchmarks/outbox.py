@@ -7,15 +7,15 @@ the broker and the application, as ratios within one run.
 1. Broker publish latency (a publisher awaiting each confirm at 200 msg/s) while 10 application
    transactions each hold a published message open for 5 s, vs the same run without them
    (target: p50 and p99 within 1.2 x).
-2. Throughput of transactional publishes, one message per transaction from 8 connections, vs
-   `pgmq.send` in the same kind of transaction on the same server (target >= 1.0 x); beside it
-   PostgreSQL's CPU per transaction (all backends of the database, the sequencer's included, from
-   /proc: only when the server runs on this host), which a shared machine's load moves less, split
-   into the publishers' backends and the rest (the sequencer, with its messages per round); and
-   each round's ratio, which strays far from the median here (README). A CHECKPOINT precedes each
-   side's run. pgmq is
-   installed from its plain-SQL file (`pgmq-extension/sql/pgmq.sql` of the pgmq project) into the
-   benchmark's own database; without --pgmq-sql that row says so and is not measured.
+2. Throughput of transactional publishes, one message per transaction from 8 connections (in a
+   process of their own, as an application's are), vs `pgmq.send` in the same kind of transaction
+   on the same server (target >= 1.0 x); beside it PostgreSQL's CPU per transaction (all backends
+   of the database, the sequencer's included, from /proc: only when the server runs on this host),
+   which a shared machine's load moves less, split into the publishers' backends and the rest (the
+   sequencer, with its messages per round); and each round's ratio, which strays far from the
+   median here (README). A CHECKPOINT precedes each side's run. pgmq is installed from its
+   plain-SQL file (`pgmq-extension/sql/pgmq.sql` of the pgmq project) into the benchmark's own
+   database; without --pgmq-sql that row says so and is not measured.
 3. End-to-end latency publish -> delivery at 1,000 msg/s: a transaction (BEGIN; fluxpg.publish;
    COMMIT) vs the broker's direct publish (target: p50 at most +2 ms).
 
@@ -31,6 +31,8 @@ import os
 import statistics
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -91,29 +93,13 @@ def _cpu_seconds(pids: list[int]) -> dict[int, float] | None:
     return out
 
 
-async def tx_throughput(dsn: str, statement: str, args: tuple, *, connections: int = 8,
-                        seconds: float = 5.0, drain: str | None = None,
-                        mgr: QueueManager | None = None) -> dict:
-    """Transactions per second, one statement (one message) each, from `connections` connections;
-    and PostgreSQL's CPU per transaction, every backend of the benchmark's database (the broker's
-    sequencer included: `drain` is polled until it says the last message was moved), which the
-    load of other processes on a shared machine moves far less than the rate: the publishers'
-    own backends and the rest (the sequencer's) apart, so the report says where the time goes.
-    A CHECKPOINT first: one that falls inside a run makes its first write to every page a
-    full-page image, and would slow whichever side it happened to fall on."""
+async def _publish_loop(dsn: str, statement: str, args: tuple, connections: int, seconds: float) -> dict:
+    """The application: `connections` connections, each running transactions of one statement
+    (one message) for `seconds`; how many, over how long, and its backends' CPU."""
     counts = [0] * connections
     conns = [await db.connect(dsn) for _ in range(connections)]
-    admin = await db.connect(dsn)
-    try:
-        await admin.execute("CHECKPOINT")
-    except asyncpg.InsufficientPrivilegeError:
-        pass   # not a superuser (nor pg_checkpoint): the runs stay comparable, only noisier
-    publishers = {c.get_server_pid() for c in conns}
-    pids = [r[0] for r in await admin.fetch(
-        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")]
+    pids = [c.get_server_pid() for c in conns]
     before = _cpu_seconds(pids)
-    sequencer = mgr.sequencer if mgr is not None else None
-    sequenced_before = (sequencer.rounds, sequencer.moved) if sequencer is not None else None
     started = time.perf_counter()
     stop_at = started + seconds
 
@@ -126,19 +112,56 @@ async def tx_throughput(dsn: str, statement: str, args: tuple, *, connections: i
 
     await asyncio.gather(*(worker(i) for i in range(connections)))
     elapsed = time.perf_counter() - started
+    after = _cpu_seconds(pids)
+    for c in conns:
+        await c.close()
+    cpu = sum(after[p] - before[p] for p in pids) if before is not None and after is not None else None
+    return {"transactions": sum(counts), "seconds": elapsed, "cpu_seconds": cpu}
+
+
+def _application(dsn: str, statement: str, args: tuple, connections: int, seconds: float) -> dict:
+    """_publish_loop in a process of its own (ProcessPoolExecutor's entry point)."""
+    return asyncio.run(_publish_loop(dsn, statement, args, connections, seconds))
+
+
+async def tx_throughput(app: ProcessPoolExecutor, dsn: str, statement: str, args: tuple, *, connections: int = 8,
+                        seconds: float = 5.0, drain: str | None = None,
+                        mgr: QueueManager | None = None) -> dict:
+    """Transactions per second, one statement (one message) each, from `connections` connections;
+    and PostgreSQL's CPU per transaction, every backend of the benchmark's database (the broker's
+    sequencer included: `drain` is polled until it says the last message was moved), which the
+    load of other processes on a shared machine moves far less than the rate: the publishers'
+    own backends and the rest (the sequencer's) apart, so the report says where the time goes.
+    The publishers run in `app`, a process of their own, as an application's do: until session 12
+    they shared the broker's event loop with the sequencer, whose callbacks could delay their round
+    trips (a cost no deployed application pays). Measured both ways, alternating: no difference
+    beyond the rounds' spread (benchmarks/README.md, session 12).
+    A CHECKPOINT first: one that falls inside a run makes its first write to every page a
+    full-page image, and would slow whichever side it happened to fall on."""
+    admin = await db.connect(dsn)
+    try:
+        await admin.execute("CHECKPOINT")
+    except asyncpg.InsufficientPrivilegeError:
+        pass   # not a superuser (nor pg_checkpoint): the runs stay comparable, only noisier
+    # Every backend of the database but admin's and the application's (not connected yet): the broker's.
+    pids = [r[0] for r in await admin.fetch(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")]
+    before = _cpu_seconds(pids)
+    sequencer = mgr.sequencer if mgr is not None else None
+    sequenced_before = (sequencer.rounds, sequencer.moved) if sequencer is not None else None
+    ran = await asyncio.get_running_loop().run_in_executor(app, _application, dsn, statement, args,
+                                                           connections, seconds)
     while drain and await admin.fetchval(drain):
         await asyncio.sleep(0.01)
     after = _cpu_seconds(pids)
-    for c in conns + [admin]:
-        await c.close()
-    n = sum(counts)
-    out = {"tx_per_s": n / elapsed, "cpu_us_per_tx": None, "publishers_cpu_us_per_tx": None,
+    await admin.close()
+    n = ran["transactions"]
+    out = {"tx_per_s": n / ran["seconds"], "cpu_us_per_tx": None, "publishers_cpu_us_per_tx": None,
            "others_cpu_us_per_tx": None, "messages_per_round": None}
-    if before is not None and after is not None:
-        spent = {p: after[p] - before[p] for p in pids}
-        out["cpu_us_per_tx"] = 1e6 * sum(spent.values()) / n
-        out["publishers_cpu_us_per_tx"] = 1e6 * sum(v for p, v in spent.items() if p in publishers) / n
-        out["others_cpu_us_per_tx"] = out["cpu_us_per_tx"] - out["publishers_cpu_us_per_tx"]
+    if before is not None and after is not None and ran["cpu_seconds"] is not None:
+        out["publishers_cpu_us_per_tx"] = 1e6 * ran["cpu_seconds"] / n
+        out["others_cpu_us_per_tx"] = 1e6 * sum(after[p] - before[p] for p in pids) / n
+        out["cpu_us_per_tx"] = out["publishers_cpu_us_per_tx"] + out["others_cpu_us_per_tx"]
     if sequenced_before is not None:
         rounds = sequencer.rounds - sequenced_before[0]
         out["messages_per_round"] = (sequencer.moved - sequenced_before[1]) / max(rounds, 1)
@@ -206,6 +229,9 @@ async def main(args) -> dict:
         queues = [QueueConfig(name=n, topics=[f"$queue/{n}/#"], limits=UNLIMITED)
                   for n in ("held", "txq", "e2e_direct", "e2e_tx")]
         mgr = await QueueManager.start(dsn, Config(queues=queues), migrate=False, retention=False)
+        # The application's process, started (and its imports done) before anything is measured.
+        app = ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn"))
+        await asyncio.get_running_loop().run_in_executor(app, os.getpid)
         try:
             rows: dict[str, list] = {k: [] for k in ("latency_without", "latency_with", "tx_fluxpg", "tx_pgmq",
                                                    "e2e_direct", "e2e_tx")}
@@ -217,14 +243,15 @@ async def main(args) -> dict:
                     rows["latency_with"].append(await broker_publish_latency(mgr, dsn, "held", holders=10))
                 if "throughput" in args.measure:
                     rows["tx_fluxpg"].append(await tx_throughput(
-                        dsn, "SELECT fluxpg.publish('$queue/txq/k', $1)", (PAYLOAD,),
+                        app, dsn, "SELECT fluxpg.publish('$queue/txq/k', $1)", (PAYLOAD,),
                         drain="SELECT EXISTS (SELECT FROM fluxpg.outbox_commits)", mgr=mgr))
                     if pgmq:
-                        rows["tx_pgmq"].append(await tx_throughput(dsn, pgmq, (body,)))
+                        rows["tx_pgmq"].append(await tx_throughput(app, dsn, pgmq, (body,)))
                 if "e2e" in args.measure:
                     rows["e2e_direct"].append(await end_to_end(mgr, dsn, "e2e_direct", transactional=False))
                     rows["e2e_tx"].append(await end_to_end(mgr, dsn, "e2e_tx", transactional=True))
         finally:
+            app.shutdown()
             await mgr.close()
 
     def med(key, field=None):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -15,12 +16,29 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 
 START_TIMEOUT = 90.0   # a loaded 2-core CI machine: migration check, routines, listeners
 
 
 def free_port() -> int:
-    with socket.socket() as s:
+    """A port nothing listens on now, for a child process to bind a moment later. Drawn from
+    below the kernel's ephemeral range (ip_local_port_range), not by bind(0) from inside it:
+    every outgoing connection (each one to PostgreSQL, say) takes its local port from that range
+    and could take the port in the seconds before the child binds it."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for _ in range(200):
+        port = random.randrange(max(1024, low - 12000), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue   # something has it
+            return port
+    with socket.socket() as s:   # that whole band busy: the ephemeral range after all
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 

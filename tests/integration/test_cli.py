@@ -26,6 +26,7 @@ from fluxpg import db
 from fluxpg.cli import redact_dsn
 from fluxpg.embedded import postgres_processes
 from fluxpg.testing import fresh_database
+from tests.broker_process import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "fluxpg.cli"]
@@ -55,12 +56,6 @@ def assert_one_error_line(stderr: str, *needles: str) -> str:
     for needle in needles:
         assert needle in errors[0], errors[0]
     return errors[0]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def healthz(port: int, timeout: float = 2.0) -> dict | None:

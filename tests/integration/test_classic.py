@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 
 import asyncpg
 import pytest
@@ -59,16 +60,19 @@ async def test_nack_applies_retry_backoff(conn, qname):
                                                    "nack_backoff": True}})
     await publish_many(conn, qname, 1)
     await claim(conn, qname, "g", "c")
-    await conn.fetchval("SELECT fluxpg.nack($1, 'g', ARRAY[0]::bigint[])", qname)
-    wait = await conn.fetchval("SELECT visible_at - now() FROM fluxpg.pending_entries WHERE queue = $1", qname)
-    assert 1.5 < wait.total_seconds() <= 2.0            # initial_backoff × 3^0
+    # The nack and the look in one transaction, where now() stands still: the backoff is exact.
+    async with conn.transaction():
+        await conn.fetchval("SELECT fluxpg.nack($1, 'g', ARRAY[0]::bigint[])", qname)
+        wait = await conn.fetchval("SELECT visible_at - now() FROM fluxpg.pending_entries WHERE queue = $1", qname)
+    assert wait == timedelta(seconds=2)                  # initial_backoff × 3^0
     assert await claim(conn, qname, "g", "c") == []      # not yet visible
     await conn.execute("UPDATE fluxpg.pending SET visible_at = now() WHERE seq = 0 AND group_id = "
                        "(SELECT id FROM fluxpg.groups WHERE name = 'g' AND queue_id = (SELECT id FROM fluxpg.queues WHERE name = $1))", qname)
     assert await claim(conn, qname, "g", "c") == [0]
-    await conn.fetchval("SELECT fluxpg.nack($1, 'g', ARRAY[0]::bigint[])", qname)
-    wait = await conn.fetchval("SELECT visible_at - now() FROM fluxpg.pending_entries WHERE queue = $1", qname)
-    assert 4.5 < wait.total_seconds() <= 5.0             # 2s × 3 = 6s, capped at max_backoff 5s
+    async with conn.transaction():
+        await conn.fetchval("SELECT fluxpg.nack($1, 'g', ARRAY[0]::bigint[])", qname)
+        wait = await conn.fetchval("SELECT visible_at - now() FROM fluxpg.pending_entries WHERE queue = $1", qname)
+    assert wait == timedelta(seconds=5)                  # 2s × 3 = 6s, capped at max_backoff 5s
 
 
 async def test_reject_dead_letters_with_headers(conn, qname):
@@ -155,10 +159,15 @@ async def test_pending_cap_stops_new_claims(conn, qname):
 
 
 async def test_ttl_expired_messages_never_enter_the_pending_list(conn, qname):
-    await declare(conn, qname, settings={"limits": {"message_ttl": "300ms"}})
+    await declare(conn, qname, settings={"limits": {"message_ttl": "1h"}})
     await publish_many(conn, qname, 2)
-    await asyncio.sleep(0.4)
+    # Expired by moving their expiry into the past, not by waiting out a short TTL: a stall longer
+    # than that TTL between the fresh publish and the claim would expire the fresh one too.
+    await conn.execute("UPDATE fluxpg.log SET expires_at = now() - interval '1 second' "
+                       "WHERE queue_id = (SELECT id FROM fluxpg.queues WHERE name = $1) AND seq < 2", qname)
     await publish(conn, f"$queue/{qname}/fresh")
+    assert await conn.fetchval("SELECT expires_at - created_at FROM fluxpg.log WHERE seq = 2 AND "
+                               "queue_id = (SELECT id FROM fluxpg.queues WHERE name = $1)", qname) == timedelta(hours=1)
     assert await claim(conn, qname, "g", "c", 10) == [2]
     assert await pending(conn, qname, "g") == [2]
     assert (await status(conn, qname, "g"))["cursor"] == 3

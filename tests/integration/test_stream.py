@@ -109,9 +109,12 @@ async def test_new_group_starts_at_oldest_retained_and_groups_are_independent(co
 
 
 async def test_stream_filters_and_ttl(conn, qname):
-    await declare(conn, qname, "stream", {"limits": {"message_ttl": "200ms"}, **MANUAL})
+    await declare(conn, qname, "stream", {"limits": {"message_ttl": "1h"}, **MANUAL})
     await publish(conn, f"$queue/{qname}/sensors/a")
-    await asyncio.sleep(0.3)
+    # Expired by moving its expiry into the past, not by waiting out a short TTL that a stall
+    # before the read would let the fresh messages reach too.
+    await conn.execute("UPDATE fluxpg.log SET expires_at = now() - interval '1 second' "
+                       "WHERE queue_id = (SELECT id FROM fluxpg.queues WHERE name = $1) AND seq = 0", qname)
     for key in ("sensors/b", "other", "sensors/c/d"):
         await publish(conn, f"$queue/{qname}/{key}")
     assert await read(conn, qname, "r@sensors/#", "c", 10) == [1, 3]   # 0 expired, 2 filtered out

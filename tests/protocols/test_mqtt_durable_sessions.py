@@ -111,7 +111,9 @@ def test_takeover_across_nodes_moves_the_session(threaded_broker, dsn):
 def test_expiry_removes_stored_state(threaded_broker, dsn):
     a = threaded_broker()
     cid = uid("short")
-    c = persistent(V5, cid, a.port("mqtt"), expiry=1)
+    # Long enough for the count below to see the row on a loaded machine (the expiry runs from
+    # the DISCONNECT, and `stored` opens a loop and a connection of its own).
+    c = persistent(V5, cid, a.port("mqtt"), expiry=3)
     c.subscribe(f"exp/{uid()}", qos=1)
     c.close()
     assert stored(dsn, "SELECT count(*) FROM fluxpg.mqtt_sessions WHERE client_id = $1", cid) == 1

@@ -185,7 +185,9 @@ def test_session_expiry_removes_its_cursor_and_the_log_is_pruned(threaded_broker
     port = a.port("mqtt")
     topic = f"gone/{uid()}"
     cid = uid("gone")
-    c = persistent(V5, cid, port, expiry=2)
+    # Long enough for the ten publishes and the two counts below to finish before the expiry
+    # (which runs from the DISCONNECT) on a loaded machine.
+    c = persistent(V5, cid, port, expiry=5)
     c.subscribe(topic, qos=1)
     c.close()
     wait_offline(a, cid)

@@ -37,14 +37,26 @@ def wait_for_view(servers, key, expected: tuple[int, ...], timeout: float = 5.0)
         time.sleep(0.02)
 
 
-def drain(client: Paho, quiet: float = 0.5) -> list[bytes]:
-    """Everything the client received until nothing came for `quiet` seconds."""
-    out = []
-    while True:
-        try:
-            out.append(client.get(quiet).payload)
-        except queue_mod.Empty:
-            return out
+def drain(clients: list[Paho], expected: int, timeout: float = 30.0, quiet: float = 0.5) -> list[list[bytes]]:
+    """What each client received: until they have `expected` messages between them (or `timeout`
+    passed), then until nothing more came for `quiet` seconds (a duplicate would show there).
+    Not "until a quiet spell" alone: a PUBACK means the message is stored, and the other node's
+    delivery (its NOTIFY, a read, the send) can take longer than any spell on a loaded machine."""
+    outs: list[list[bytes]] = [[] for _ in clients]
+    deadline = time.monotonic() + timeout
+    while sum(map(len, outs)) < expected and time.monotonic() < deadline:
+        for out, client in zip(outs, clients):
+            try:
+                out.append(client.get(0.02).payload)
+            except queue_mod.Empty:
+                pass
+    for out, client in zip(outs, clients):
+        while True:
+            try:
+                out.append(client.get(quiet).payload)
+            except queue_mod.Empty:
+                break
+    return outs
 
 
 def publish_all(pub: Paho, topic: str, tag: str, n: int = MESSAGES) -> set[bytes]:
@@ -126,16 +138,16 @@ def test_shared_group_across_two_nodes_gets_each_message_once(threaded_broker, p
     pub = Paho((a if publisher_on == "a" else b).port("mqtt"))
 
     sent = publish_all(pub, f"{root}/x", "both")
-    got_a, got_b = drain(member_a), drain(member_b)
+    got_a, got_b = drain([member_a, member_b], len(sent))
     assert Counter(got_a + got_b) == Counter(sent), "every message exactly once to the group"
     assert got_a and got_b, (len(got_a), len(got_b))
-    assert Counter(drain(plain_a, 0.1)) == Counter(sent)
+    assert Counter(drain([plain_a], len(sent), quiet=0.1)[0]) == Counter(sent)
 
     # B's member leaves: once the nodes see it, A's member gets all of them.
     member_b.close()
     wait_for_view((a, b), (share, inner), (a.manager.node_id,))
     sent = publish_all(pub, f"{root}/y", "after")
-    assert Counter(drain(member_a)) == Counter(sent)
+    assert Counter(drain([member_a], len(sent))[0]) == Counter(sent)
     assert member_b.messages.empty()
     for c in (member_a, plain_a, pub):
         c.close()

@@ -94,16 +94,18 @@ async def _after_a_stream_batch(pool, monkeypatch, linger: float):
 
 
 async def test_a_stream_tail_waits_at_most_linger(pool, monkeypatch):
-    a, first = await _after_a_stream_batch(pool, monkeypatch, 0.05)
+    # LINGER 0.5 s, so that "not held" (well under it) cannot be confused with a pause of the
+    # machine or the collector (a 35 ms one would have failed the 40 ms bound of a 50 ms LINGER).
+    a, first = await _after_a_stream_batch(pool, monkeypatch, 0.5)
     loop = asyncio.get_running_loop()
     t0 = loop.time()
     fut = a.submit(_row(99))                                # held (the batch before was a stream) ...
-    await asyncio.wait_for(fut, 2)
-    assert 0.04 <= loop.time() - t0 < 1.0                   # ... for LINGER, not longer
+    await asyncio.wait_for(fut, 5)
+    assert 0.45 <= loop.time() - t0 < 5.0                   # ... for LINGER, not longer
     assert all(f.done() for f in first)
     t0 = loop.time()
     await a.submit(_row(100))                               # the queue ran dry since: not held
-    assert loop.time() - t0 < 0.04
+    assert loop.time() - t0 < 0.4
     await a.close()
 
 

@@ -231,8 +231,8 @@ async def main(args) -> dict:
         mgr = await QueueManager.start(dsn, Config(queues=queues), migrate=False, retention=False)
         # The application's process, started (and its imports done) before anything is measured.
         app = ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn"))
-        await asyncio.get_running_loop().run_in_executor(app, os.getpid)
         try:
+            await asyncio.get_running_loop().run_in_executor(app, os.getpid)
             rows: dict[str, list] = {k: [] for k in ("latency_without", "latency_with", "tx_fluxpg", "tx_pgmq",
                                                    "e2e_direct", "e2e_tx")}
             body = json.dumps({"payload": PAYLOAD.decode()})

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 
 import asyncpg
 
@@ -36,6 +37,48 @@ async def status(conn, queue, group):
 async def pending(conn, queue, group):
     return [r["seq"] for r in await conn.fetch(
         "SELECT seq FROM fluxpg.pending_entries WHERE queue = $1 AND grp = $2 ORDER BY seq", queue, group)]
+
+
+async def expire(conn: asyncpg.Connection, queue: str, seqs: list[int]) -> None:
+    """Expire these messages now, by moving their expiry into the past: a test that waited out a
+    short TTL instead would race it (a stall before the next read expires the fresh ones too)."""
+    await conn.execute("UPDATE fluxpg.log SET expires_at = now() - interval '1 second' "
+                       "WHERE queue_id = (SELECT id FROM fluxpg.queues WHERE name = $1) AND seq = ANY ($2::bigint[])",
+                       queue, seqs)
+
+
+def stored(dsn: str, sql: str, *args):
+    """One value read from the database on a connection of its own (for tests off the event loop)."""
+    async def run():
+        conn = await asyncpg.connect(dsn)
+        try:
+            return await conn.fetchval(sql, *args)
+        finally:
+            await conn.close()
+    return asyncio.run(run())
+
+
+async def until(cond, timeout: float = 10.0, interval: float = 0.02) -> None:
+    """Until cond() (a value, or an awaitable of one) is true; fails after `timeout` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        value = cond()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return
+        assert loop.time() < deadline, f"condition not reached within {timeout} s"
+        await asyncio.sleep(interval)
+
+
+async def pending_count(server, queue: str) -> int:
+    """Messages of `queue` delivered and not yet acknowledged, over its groups (a broker's manager)."""
+    return sum(r["pending"] for r in await server.manager.group_status(queue))
+
+
+async def nothing_pending(server, queue: str) -> bool:
+    return await pending_count(server, queue) == 0
 
 
 class Inbox:

@@ -7,7 +7,7 @@ from datetime import timedelta
 import asyncpg
 import pytest
 
-from tests.helpers import claim, declare, pending, publish, publish_many, status
+from tests.helpers import claim, declare, expire, pending, publish, publish_many, status
 
 NO_BACKOFF = {"retry": {"initial_backoff": "0s", "max_backoff": "0s"}}
 
@@ -161,10 +161,7 @@ async def test_pending_cap_stops_new_claims(conn, qname):
 async def test_ttl_expired_messages_never_enter_the_pending_list(conn, qname):
     await declare(conn, qname, settings={"limits": {"message_ttl": "1h"}})
     await publish_many(conn, qname, 2)
-    # Expired by moving their expiry into the past, not by waiting out a short TTL: a stall longer
-    # than that TTL between the fresh publish and the claim would expire the fresh one too.
-    await conn.execute("UPDATE fluxpg.log SET expires_at = now() - interval '1 second' "
-                       "WHERE queue_id = (SELECT id FROM fluxpg.queues WHERE name = $1) AND seq < 2", qname)
+    await expire(conn, qname, [0, 1])
     await publish(conn, f"$queue/{qname}/fresh")
     assert await conn.fetchval("SELECT expires_at - created_at FROM fluxpg.log WHERE seq = 2 AND "
                                "queue_id = (SELECT id FROM fluxpg.queues WHERE name = $1)", qname) == timedelta(hours=1)

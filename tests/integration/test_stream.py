@@ -7,7 +7,7 @@ import time
 import asyncpg
 import pytest
 
-from tests.helpers import declare, publish, publish_many, read, status
+from tests.helpers import declare, expire, publish, publish_many, read, status
 
 MANUAL = {"delivery": {"auto_commit_interval": "1h"}}
 
@@ -111,10 +111,7 @@ async def test_new_group_starts_at_oldest_retained_and_groups_are_independent(co
 async def test_stream_filters_and_ttl(conn, qname):
     await declare(conn, qname, "stream", {"limits": {"message_ttl": "1h"}, **MANUAL})
     await publish(conn, f"$queue/{qname}/sensors/a")
-    # Expired by moving its expiry into the past, not by waiting out a short TTL that a stall
-    # before the read would let the fresh messages reach too.
-    await conn.execute("UPDATE fluxpg.log SET expires_at = now() - interval '1 second' "
-                       "WHERE queue_id = (SELECT id FROM fluxpg.queues WHERE name = $1) AND seq = 0", qname)
+    await expire(conn, qname, [0])
     for key in ("sensors/b", "other", "sensors/c/d"):
         await publish(conn, f"$queue/{qname}/{key}")
     assert await read(conn, qname, "r@sensors/#", "c", 10) == [1, 3]   # 0 expired, 2 filtered out

@@ -13,6 +13,7 @@ from pamqp import constants as pamqp_constants
 from pamqp.commands import Basic
 
 from fluxpg.config import QueueConfig
+from tests.helpers import nothing_pending, until
 
 
 async def _connect(server, **kw) -> aio_pika.abc.AbstractRobustConnection:
@@ -44,20 +45,6 @@ def widen_queue_names(monkeypatch):
     """pamqp (under aiormq) validates queue names client-side and refuses `$`, so aio-pika cannot
     send `$queue/…` or `$dlq/…` as shipped (FACTS.md); widen the pattern for this test only."""
     monkeypatch.setitem(pamqp_constants.DOMAIN_REGEX, "queue-name", re.compile(r"^[a-zA-Z0-9-_.:@#,/+ $]*$"))
-
-
-async def _all_acked(server, qname: str, timeout: float = 10.0) -> None:
-    """Until no message of the queue is pending. Acks are written by the broker's settler a
-    moment after they arrive (its ack delay, then a transaction), not before the client's next
-    step: polled, not slept on."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        status = await server.manager.group_status(qname)
-        if sum(r["pending"] for r in status) == 0:
-            return
-        assert loop.time() < deadline, f"still pending after {timeout} s: {status}"
-        await asyncio.sleep(0.05)
 
 
 async def test_handshake_capabilities_and_heartbeat(broker, qname):
@@ -119,7 +106,7 @@ async def test_work_queue_prefetch_each_message_once(broker, qname):
         assert sorted(seen, key=int) == [str(i) for i in range(n)]   # each exactly once
         assert max(peak) <= 2
         assert sum(1 for p in peak if p) >= 2   # the work was spread
-        await _all_acked(server, qname)
+        await until(lambda: nothing_pending(server, qname))   # acks are written by the settler a moment later
     finally:
         for c in consumers:
             await c.close()
@@ -178,7 +165,7 @@ async def test_basic_get_and_multiple_ack(broker, qname):
         m2 = await q.get(no_ack=True, timeout=5)
         assert m2.body == b"m2"
         assert await q.get(fail=False) is None   # get-empty
-        await _all_acked(server, qname)
+        await until(lambda: nothing_pending(server, qname))   # acks are written by the settler a moment later
     finally:
         await conn.close()
 

@@ -12,6 +12,7 @@ from aio_pika.abc import AbstractIncomingMessage
 from fluxpg.config import QueueConfig
 from fluxpg.errors import Unavailable
 from fluxpg.queues import classic
+from tests.helpers import nothing_pending, pending_count, until
 
 
 async def _connect(server) -> aio_pika.abc.AbstractConnection:
@@ -26,17 +27,6 @@ async def _publish(server, queue: str, n: int) -> None:
                                for i in range(n)))
     finally:
         await conn.close()
-
-
-async def _pending(server, queue: str) -> int:
-    return sum(r["pending"] for r in await server.manager.group_status(queue))
-
-
-async def _until(cond, timeout: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not await cond():
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.05)
 
 
 async def _consume(conn, queue: str, n: int, prefetch: int, on_each=None) -> tuple[list[str], aio_pika.abc.AbstractChannel]:
@@ -77,14 +67,10 @@ async def test_acks_ride_in_claims_each_message_once_in_order(broker, qname, mon
         got, _ch = await _consume(conn, qname, n, prefetch=100)
         assert got == [str(i) for i in range(n)]
         # Written within ACK_DELAY at the latest, without closing anything.
-        await _until(lambda: _zero(server, qname), 3.0)
+        await until(lambda: nothing_pending(server, qname), 3.0)
         assert carried and sum(carried) > 0     # acks went with claims
     finally:
         await conn.close()
-
-
-async def _zero(server, queue: str) -> bool:
-    return await _pending(server, queue) == 0
 
 
 async def test_last_acks_written_before_channel_close_ok(broker, qname):
@@ -94,7 +80,7 @@ async def test_last_acks_written_before_channel_close_ok(broker, qname):
     try:
         got, ch = await _consume(conn, qname, 50, prefetch=100)
         await ch.close()          # at once: the last acks are still waiting for a claim
-        assert await _pending(server, qname) == 0
+        assert await pending_count(server, qname) == 0
         again, _ = await _consume_for(conn, qname, 0.5)
         assert again == []        # nothing came back
     finally:
@@ -132,7 +118,7 @@ async def test_acks_written_when_the_connection_drops(broker, qname):
         await asyncio.wait_for(conn.close(), 2)
     except Exception:  # noqa: BLE001 - the socket is gone
         pass
-    await _until(lambda: _zero(server, qname), 5.0)
+    await until(lambda: nothing_pending(server, qname), 5.0)
     conn2 = await _connect(server)
     try:
         again, _ = await _consume_for(conn2, qname, 0.5)
@@ -160,7 +146,7 @@ async def test_acks_of_a_failed_claim_are_written_on_their_own(broker, qname, mo
         got, _ch = await _consume(conn, qname, n, prefetch=20)
         assert got == [str(i) for i in range(n)]    # the claim was retried, nothing lost or repeated
         assert failures and failures[0]
-        await _until(lambda: _zero(server, qname), 3.0)   # the acks it carried were written anyway
+        await until(lambda: nothing_pending(server, qname), 3.0)   # the acks it carried were written anyway
     finally:
         await conn.close()
 
@@ -186,6 +172,6 @@ async def test_prefetch_bound_and_no_stall_with_lumped_multiple_acks(broker, qna
         got, _ch = await _consume(conn, qname, n, prefetch=10, on_each=ack_every_third)
         assert got == [str(i) for i in range(n)]
         assert peak <= 10
-        await _until(lambda: _zero(server, qname), 3.0)
+        await until(lambda: nothing_pending(server, qname), 3.0)
     finally:
         await conn.close()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from fluxpg import db
+from tests.helpers import until
 
 
 async def _listen_backends(conn) -> set[int]:
@@ -36,20 +37,20 @@ async def test_channels_added_later_are_listened_again_after_a_reconnect(dsn, co
         channels = db.Channels(listener, {"test_chan_b": lambda p: got.append(("b", p))})
         await channels.start()
         await conn.execute("SELECT pg_notify('test_chan_a', '1'), pg_notify('test_chan_b', '2')")
-        await _until(lambda: ("a", "1") in got and ("b", "2") in got)
+        await until(lambda: ("a", "1") in got and ("b", "2") in got)
 
         # The connection is lost: both channels hear None (re-check), then notifications again.
         pids = await _listen_backends(conn)
         await conn.execute("SELECT pg_terminate_backend(pid) FROM unnest($1::int[]) pid", list(pids))
-        await _until(lambda: ("a", None) in got and ("b", None) in got)
+        await until(lambda: ("a", None) in got and ("b", None) in got)
         await asyncio.wait_for(listener.connected.wait(), 10)
         await conn.execute("SELECT pg_notify('test_chan_b', '3')")
-        await _until(lambda: ("b", "3") in got)
+        await until(lambda: ("b", "3") in got)
 
         # Taken back: no more callbacks for it; the other channel still hears.
         await channels.close()
         await conn.execute("SELECT pg_notify('test_chan_b', '4'), pg_notify('test_chan_a', '5')")
-        await _until(lambda: ("a", "5") in got)
+        await until(lambda: ("a", "5") in got)
         assert ("b", "4") not in got
     finally:
         await listener.close()
@@ -67,10 +68,3 @@ async def test_a_channel_is_listened_by_one_part_only(dsn):
             raise AssertionError("a second callback for one channel was accepted")
     finally:
         await listener.close()
-
-
-async def _until(cond, timeout: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not cond():
-        assert asyncio.get_running_loop().time() < deadline, "timed out"
-        await asyncio.sleep(0.02)

@@ -4,13 +4,13 @@ on node B takes the session over from node A (A's client gets DISCONNECT 0x8E); 
 the stored state. Real paho clients (3.1.1 and 5.0), counted exactly."""
 from __future__ import annotations
 
-import asyncpg
 import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProps
 from test_mqtt_paho import V5, V311, Paho, uid, wait_until
 
 from tests.broker_process import BrokerProcess, free_port, tcp_ready
+from tests.helpers import stored
 
 
 def persistent(version, client_id, port, expiry=300, **kw) -> Paho:
@@ -19,17 +19,6 @@ def persistent(version, client_id, port, expiry=300, **kw) -> Paho:
         cp.SessionExpiryInterval = expiry
         return Paho(port, client_id, version=V5, clean=False, props=cp, **kw)
     return Paho(port, client_id, version=V311, clean=False, **kw)
-
-
-def stored(dsn, sql, *args):
-    async def run():
-        conn = await asyncpg.connect(dsn)
-        try:
-            return await conn.fetchval(sql, *args)
-        finally:
-            await conn.close()
-    import asyncio
-    return asyncio.run(run())
 
 
 def collect(client: Paho, n: int) -> list:

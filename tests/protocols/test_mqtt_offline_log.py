@@ -13,10 +13,11 @@ import time
 import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProps
-from test_mqtt_durable_sessions import persistent, stored
+from test_mqtt_durable_sessions import persistent
 from test_mqtt_paho import V5, V311, Paho, uid, wait_until
 
 from fluxpg.queues.mqtt_sessions import MqttSessionStore
+from tests.helpers import stored
 
 
 def _router(server):

@@ -20,7 +20,7 @@ from fluxpg.config import QueueConfig
 from fluxpg.protocols.mqtt.codec import (Connack, Connect, Decoder, Disconnect, Properties, Publish, Puback,
                                          Subscribe, Subscription, encode)
 from fluxpg.protocols.mqtt.session import MqttOptions
-from tests.helpers import paho_loop_stop
+from tests.helpers import paho_loop_stop, stored
 
 V5 = mqtt.MQTTv5
 V311 = mqtt.MQTTv311
@@ -189,19 +189,13 @@ def test_pubsub_qos_0_1_2_and_wildcards(server, version):
 
 
 def test_retained_messages_and_clearing(server, dsn):
-    import psycopg
-
     port = server.port("mqtt")
     pub = Paho(port)
     topic = f"ret/{uid()}"
     pub.publish(f"{topic}/a", b"A", qos=1, retain=True)
     pub.publish(f"{topic}/b", b"B", qos=0, retain=True)
-
-    def stored_b() -> bool:   # the QoS 0 retained store has no PUBACK to wait for
-        with psycopg.connect(dsn) as conn:
-            return conn.execute("SELECT 1 FROM fluxpg.mqtt_retained WHERE topic = %s", [f"{topic}/b"]).fetchone() is not None
-
-    wait_until(stored_b)
+    # The QoS 0 retained store has no PUBACK to wait for.
+    wait_until(lambda: stored(dsn, "SELECT count(*) FROM fluxpg.mqtt_retained WHERE topic = $1", f"{topic}/b") == 1)
     sub = Paho(port)
     sub.subscribe(f"{topic}/#", qos=1)
     got = {sub.get().topic: True, sub.get().topic: True}

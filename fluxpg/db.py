@@ -37,15 +37,20 @@ def read_sql(name: str) -> str:
     return (resource_dir("sql") / name).read_text(encoding="utf-8")
 
 
-def run_sql_file(bind: Any, name: str) -> None:
-    """Execute a whole sql/ file on an Alembic/SQLAlchemy connection, in its transaction.
+def run_sql(bind: Any, sql: str) -> None:
+    """Execute SQL on an Alembic/SQLAlchemy connection, in its transaction.
 
-    Goes to the psycopg connection underneath with no parameters, so '%' in the SQL is literal
-    and the file may hold many statements.
+    Goes to the psycopg connection underneath with no parameters, so '%' and ':name' in the SQL
+    are literal and it may hold many statements.
     """
     raw = bind.connection.dbapi_connection
     with raw.cursor() as cur:
-        cur.execute(read_sql(name))
+        cur.execute(sql)
+
+
+def run_sql_file(bind: Any, name: str) -> None:
+    """run_sql of a whole sql/ file."""
+    run_sql(bind, read_sql(name))
 
 
 # --------------------------------------------------------------------------------------------

@@ -88,13 +88,18 @@ def drop(bind: Any) -> None:
 FROZEN_TRIGGER_FUNCTIONS = {"_outbox_commit": "0013_outbox_once.sql"}
 
 
+def revision_function(revision_file: str, name: str) -> str:
+    """CREATE OR REPLACE of function fluxpg.<name>() as a revision file creates it (a downgrade
+    puts back the body a later revision replaced)."""
+    found = re.search(rf"^CREATE FUNCTION fluxpg\.{name}\(\).*?\nEND \$\$;", read_sql(revision_file), re.S | re.M)
+    if found is None:
+        raise LookupError(f"fluxpg.{name}() is not created in {revision_file}")
+    return found.group(0).replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
+
+
 def frozen_trigger_function(name: str) -> str:
     """CREATE OR REPLACE of a FROZEN_TRIGGER_FUNCTIONS function as its revision file creates it."""
-    text = read_sql(FROZEN_TRIGGER_FUNCTIONS[name])
-    found = re.search(rf"^CREATE FUNCTION fluxpg\.{name}\(\).*?\nEND \$\$;", text, re.S | re.M)
-    if found is None:
-        raise LookupError(f"fluxpg.{name}() is not created in {FROZEN_TRIGGER_FUNCTIONS[name]}")
-    return found.group(0).replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
+    return revision_function(FROZEN_TRIGGER_FUNCTIONS[name], name)
 
 
 def restore_trigger_functions(bind: Any) -> None:

@@ -714,22 +714,6 @@ LANGUAGE sql STABLE AS $$
    WHERE m.reserved <> m.any_plain
 $$;
 
--- The routing version (sql/0016_route_changes.sql) kept in one row: the rows are deleted and
--- their total inserted, in one statement, so every snapshot sees the same sum before and after.
--- Two calls at once are fine: the second's DELETE skips the rows the first deleted (it waits for
--- the first to commit, then finds them gone) and inserts only what it took itself. Called by the
--- nodes' heartbeat and by fluxpg.sequence_staged: fluxpg.publish reads the whole table on every call.
--- A table of one row is left alone (no dead row written for nothing). plpgsql, not sql: an SQL
--- function's statement is planned again on every call (70 against 30 µs per call, most of an idle
--- fluxpg.sequence_staged).
-CREATE OR REPLACE FUNCTION fluxpg._compact_route_changes() RETURNS void
-LANGUAGE plpgsql AS $$
-BEGIN
-  WITH d AS (DELETE FROM fluxpg.route_changes WHERE (SELECT count(*) > 1 FROM fluxpg.route_changes)
-             RETURNING weight)
-  INSERT INTO fluxpg.route_changes (weight) SELECT sum(d.weight) FROM d HAVING count(*) > 0;
-END $$;
-
 -- The partition of a message with partition key k (else its topic's routing key) in a queue of
 -- `parts` partitions; NULL when it has neither (append_batch then goes round robin). An SQL
 -- expression function: the planner inlines it into append_batch's per-row query, and plpgsql
@@ -1183,6 +1167,7 @@ DECLARE
   names text[];
   lims bigint[];
   res boolean[];
+  durable boolean;
   locked boolean;
   version bigint;
   cached text[];
@@ -1191,36 +1176,37 @@ BEGIN
   IF topic IS NULL OR topic = '' OR topic ~ '[+#\x00]' OR payload IS NULL THEN
     PERFORM fluxpg._check_publish(topic, payload);  -- raises
   END IF;
-  -- The session's last route, when it went to one queue and this is its topic: reused in the
-  -- INSERT itself, which writes nothing unless the routing version (fluxpg.route_changes, sql/
-  -- 0016_route_changes.sql) is still the one the route was computed at. Routing over every
-  -- queue's bindings was ~44 µs of a ~285 µs one-message transaction with four queues; the
-  -- check is an InitPlan over a table of a few rows. A payload over the cached limit goes the
+  -- The session's last route, when it went to one queue and this is its topic, while the routing
+  -- version (fluxpg._route_version(), sql/0017_route_version.sql) is still the one it was computed
+  -- at. Routing over every queue's bindings was ~44 µs of a ~285 µs one-message transaction with
+  -- four queues; the version is a constant PostgreSQL inlined into this comparison's plan and
+  -- re-plans when a routing change replaces it (seen at this transaction's start, or later), so
+  -- the check costs a comparison. (Read from a table, fluxpg.route_changes of revision 0016, it
+  -- was a second relation in every call: 15-20 µs.) A payload over the cached limit goes the
   -- full way, so that an error is only ever raised from the current routing table. The cache is
   -- the session's own settings (fluxpg.route_topic, fluxpg.route): whoever can set them can call
   -- fluxpg.append_batch with any queue id too.
   IF current_setting('fluxpg.route_topic', true) = topic THEN
     cached := string_to_array(current_setting('fluxpg.route', true), E'\x1f');  -- version, id, limit, name
-    IF cached[3]::bigint = 0 OR octet_length(payload) <= cached[3]::bigint THEN
+    IF cached[1]::bigint = fluxpg._route_version()
+       AND (cached[3]::bigint = 0 OR octet_length(payload) <= cached[3]::bigint) THEN
+      locked := pg_advisory_xact_lock_shared(1179669332, cached[2]::int) IS NULL;
       INSERT INTO fluxpg.outbox (queue_id, topic, payload, headers, part_key, marks)
-      SELECT cached[2]::int, publish.topic, publish.payload, publish.headers, publish.headers ->> 'x-partition-key', true
-       WHERE (SELECT coalesce(sum(r.weight), 0) FROM fluxpg.route_changes r) = cached[1]::bigint;
-      IF FOUND THEN
-        locked := pg_advisory_xact_lock_shared(1179669332, cached[2]::int) IS NULL;
-        queue := array_to_string(cached[4:], E'\x1f');
-        seq := NULL;
-        RETURN NEXT;
-        RETURN;
-      END IF;
+      VALUES (cached[2]::int, publish.topic, publish.payload, publish.headers, publish.headers ->> 'x-partition-key', true);
+      queue := array_to_string(cached[4:], E'\x1f');
+      RETURN NEXT;
+      RETURN;
     END IF;
   END IF;
   -- fluxpg._routes without its window and sort: one match (the common case) needs neither;
   -- several are put in id order here, and reserved queues only take what no other queue does.
-  -- The routing version is read in the same statement, i.e. the same snapshot as the bindings.
+  -- The routing version is the constant this statement's plan holds: planned (or found valid)
+  -- before its snapshot is taken, so the bindings read are those of that version or newer, never
+  -- older (a newer one only costs the next call a miss).
   SELECT array_agg(q.id), array_agg(q.name), array_agg(coalesce((q.settings #>> '{limits,max_message_size}')::bigint, 0)),
-         array_agg(coalesce((q.settings ->> 'reserved')::boolean, false)),
-         (SELECT coalesce(sum(r.weight), 0) FROM fluxpg.route_changes r)
-    INTO ids, names, lims, res, version
+         array_agg(coalesce((q.settings ->> 'reserved')::boolean, false)), bool_and(q.durability = 'durable'),
+         fluxpg._route_version()
+    INTO ids, names, lims, res, durable, version
     FROM fluxpg.queues q
    WHERE EXISTS (SELECT 1 FROM unnest(q.topics) f WHERE fluxpg.topic_matches(f, publish.topic));
   IF ids IS NULL THEN
@@ -1236,9 +1222,17 @@ BEGIN
   -- 1179669332, queue id), held until the transaction ends, is what queue_stats counts.
   IF cardinality(ids) = 1 THEN
     -- The route kept for the next publish of this topic: session settings, not transaction-local
-    -- (a rollback takes them back, like any setting).
-    setting := set_config('fluxpg.route_topic', topic, false);
-    setting := set_config('fluxpg.route', concat_ws(E'\x1f', version, ids[1], lims[1], names[1]), false);
+    -- (a rollback takes them back, like any setting). Only a route no change left out of the
+    -- version can alter: to a durable queue, for a topic outside $queue/ or under that queue's
+    -- own $queue/<name>/ (a transient queue, created and deleted without a new version, binds
+    -- $queue/<its name>/# alone, and cannot take a name a queue holds). And only under READ
+    -- COMMITTED: a REPEATABLE READ snapshot can be older than the version, and the route would
+    -- pass for a routing table newer than the one it was read from.
+    IF durable AND (left(topic, 7) <> '$queue/' OR split_part(topic, '/', 2) = names[1])
+       AND current_setting('transaction_isolation') = 'read committed' THEN
+      setting := set_config('fluxpg.route_topic', topic, false);
+      setting := set_config('fluxpg.route', concat_ws(E'\x1f', version, ids[1], lims[1], names[1]), false);
+    END IF;
     IF lims[1] > 0 AND octet_length(payload) > lims[1] THEN
       PERFORM fluxpg._too_large(names[1], octet_length(payload), lims[1]);  -- raises
     END IF;
@@ -1423,9 +1417,6 @@ END $$;
 CREATE OR REPLACE FUNCTION fluxpg.sequence_staged(max_rows int DEFAULT 5000) RETURNS int
 LANGUAGE plpgsql AS $$
 BEGIN
-  -- Without a broker no heartbeat folds the routing version's rows, which every fluxpg.publish
-  -- reads: whoever sequences the outbox folds them too.
-  PERFORM fluxpg._compact_route_changes();
   RETURN cardinality((fluxpg._sequence(max_rows)).moved);
 END $$;
 COMMENT ON FUNCTION fluxpg.sequence_staged(int) IS 'Append messages of committed fluxpg.publish() transactions to the log in commit order (the brokers run it; call it yourself when no broker runs)';
@@ -2812,7 +2803,6 @@ DECLARE
 BEGIN
   UPDATE fluxpg.nodes SET last_seen_at = now() WHERE id = node;
   DELETE FROM fluxpg.log_watchers WHERE until < now();   -- SQL listeners' leases that ended
-  PERFORM fluxpg._compact_route_changes();
   SELECT array_agg(id) INTO dead FROM fluxpg.nodes WHERE last_seen_at < now() - timeout AND id <> node;
   IF dead IS NULL THEN RETURN 0; END IF;
   UPDATE fluxpg.pending p SET visible_at = now()

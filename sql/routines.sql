@@ -5,11 +5,14 @@
 -- name: installed_fingerprint
 -- md5 over every function's and view's definition and comment in schema fluxpg: tells whether
 -- what is installed is still what the last re-apply left (a hand edit, an old node's migrate).
+-- Not fluxpg._route_version(): its body is the routing version, which every routing change
+-- replaces (sql/0017_route_version.sql), state rather than a definition.
 SELECT md5(coalesce(string_agg(def, E'\n' ORDER BY def), ''))
   FROM (SELECT p.oid::regprocedure::text || E'\n' || pg_get_functiondef(p.oid) || E'\n'
                || coalesce(obj_description(p.oid, 'pg_proc'), '') AS def
           FROM pg_proc p
          WHERE p.pronamespace = 'fluxpg'::regnamespace AND p.prokind IN ('f', 'p', 'w')
+           AND p.oid <> 'fluxpg._route_version()'::regprocedure
         UNION ALL
         SELECT c.relname || E'\n' || pg_get_viewdef(c.oid) || E'\n' || coalesce(obj_description(c.oid, 'pg_class'), '')
           FROM pg_class c
@@ -24,7 +27,8 @@ SELECT to_regclass('fluxpg.sql_source') IS NOT NULL;
 
 -- name: drop_routines
 -- Every view, then every function nothing but views depended on (a trigger's function, created by
--- the revision that created the trigger, stays and is replaced in place), and the record of them.
+-- the revision that created the trigger, stays and is replaced in place; fluxpg._route_version(),
+-- which holds the routing version, stays too), and the record of them.
 -- One DROP statement per kind and no CASCADE: objects of fluxpg may depend on each other, but if
 -- something outside schema fluxpg depends on them the migration stops with PostgreSQL's error
 -- instead of silently dropping it.
@@ -41,7 +45,7 @@ BEGIN
   IF names IS NOT NULL THEN EXECUTE 'DROP VIEW ' || names; END IF;
   SELECT string_agg(p.oid::regprocedure::text, ', ') INTO names
     FROM pg_proc p
-   WHERE p.pronamespace = 'fluxpg'::regnamespace
+   WHERE p.pronamespace = 'fluxpg'::regnamespace AND p.proname <> '_route_version'
      AND NOT EXISTS (SELECT 1 FROM pg_depend d
                       WHERE d.refclassid = 'pg_proc'::regclass AND d.refobjid = p.oid
                         AND d.classid <> 'pg_proc'::regclass AND d.deptype = 'n');

@@ -30,8 +30,13 @@ def snapshot(dsn: str) -> dict[str, object]:
     q = {
         "schema comment": "SELECT obj_description(oid, 'pg_namespace') FROM pg_namespace WHERE nspname = 'fluxpg'",
         "version": "SELECT version_num FROM fluxpg.alembic_version",
+        # fluxpg._route_version()'s body is the routing version (state: it depends on the
+        # changes made, sql/0017_route_version.sql), not a definition to compare.
         "functions": """SELECT p.oid::regprocedure::text, p.prokind::text,
-                               CASE WHEN p.prokind = 'a' THEN NULL ELSE pg_get_functiondef(p.oid) END,
+                               CASE WHEN p.prokind = 'a' THEN NULL
+                                    WHEN p.proname = '_route_version'
+                                    THEN regexp_replace(pg_get_functiondef(p.oid), 'SELECT \\d+::bigint', 'SELECT N::bigint')
+                                    ELSE pg_get_functiondef(p.oid) END,
                                obj_description(p.oid, 'pg_proc')
                           FROM pg_proc p WHERE p.pronamespace = 'fluxpg'::regnamespace""",
         "views": """SELECT c.relname, pg_get_viewdef(c.oid), obj_description(c.oid, 'pg_class')

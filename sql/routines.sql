@@ -12,7 +12,7 @@ SELECT md5(coalesce(string_agg(def, E'\n' ORDER BY def), ''))
                || coalesce(obj_description(p.oid, 'pg_proc'), '') AS def
           FROM pg_proc p
          WHERE p.pronamespace = 'fluxpg'::regnamespace AND p.prokind IN ('f', 'p', 'w')
-           AND p.oid <> 'fluxpg._route_version()'::regprocedure
+           AND p.proname <> '_route_version'
         UNION ALL
         SELECT c.relname || E'\n' || pg_get_viewdef(c.oid) || E'\n' || coalesce(obj_description(c.oid, 'pg_class'), '')
           FROM pg_class c

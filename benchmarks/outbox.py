@@ -49,6 +49,29 @@ UNLIMITED = {"max_depth": 0}
 MEASURES = ("latency", "throughput", "e2e")
 
 
+# Polled until false after a run: the sequencer has moved every committed transaction's messages.
+OUTBOX_WAITING = "SELECT EXISTS (SELECT FROM fluxpg.outbox_commits)"
+
+
+async def checkpoint(conn: asyncpg.Connection) -> None:
+    """A CHECKPOINT before a measured run: one that falls inside a run makes its first write to
+    every page a full-page image, and would slow whichever side it happened to fall on."""
+    try:
+        await conn.execute("CHECKPOINT")
+    except asyncpg.InsufficientPrivilegeError:
+        pass   # not a superuser (nor pg_checkpoint): the runs stay comparable, only noisier
+
+
+async def install_pgmq(dsn: str, sql_file: Path) -> None:
+    """pgmq from its plain-SQL install file, and its queue 'bench'."""
+    conn = await db.connect(dsn)
+    try:
+        await conn.execute(sql_file.read_text())
+        await conn.execute("SELECT pgmq.create('bench')")
+    finally:
+        await conn.close()
+
+
 def percentile(values: list[float], p: float) -> float:
     values = sorted(values)
     return values[max(0, min(len(values) - 1, int(round(p / 100 * len(values))) - 1))]
@@ -135,14 +158,9 @@ async def tx_throughput(app: ProcessPoolExecutor, dsn: str, statement: str, args
     The publishers run in `app`, a process of their own, as an application's do: until session 12
     they shared the broker's event loop with the sequencer, whose callbacks could delay their round
     trips (a cost no deployed application pays). Measured both ways, alternating: no difference
-    beyond the rounds' spread (benchmarks/README.md, session 12).
-    A CHECKPOINT first: one that falls inside a run makes its first write to every page a
-    full-page image, and would slow whichever side it happened to fall on."""
+    beyond the rounds' spread (benchmarks/README.md, session 12). A CHECKPOINT first (checkpoint())."""
     admin = await db.connect(dsn)
-    try:
-        await admin.execute("CHECKPOINT")
-    except asyncpg.InsufficientPrivilegeError:
-        pass   # not a superuser (nor pg_checkpoint): the runs stay comparable, only noisier
+    await checkpoint(admin)
     # Every backend of the database but admin's and the application's (not connected yet): the broker's.
     pids = [r[0] for r in await admin.fetch(
         "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")]
@@ -221,10 +239,7 @@ async def main(args) -> dict:
         await asyncio.to_thread(db.migrate, dsn)
         pgmq = None
         if args.pgmq_sql:
-            conn = await db.connect(dsn)
-            await conn.execute(args.pgmq_sql.read_text())
-            await conn.execute("SELECT pgmq.create('bench')")
-            await conn.close()
+            await install_pgmq(dsn, args.pgmq_sql)
             pgmq = "SELECT pgmq.send('bench', $1::jsonb)"
         queues = [QueueConfig(name=n, topics=[f"$queue/{n}/#"], limits=UNLIMITED)
                   for n in ("held", "txq", "e2e_direct", "e2e_tx")]
@@ -244,7 +259,7 @@ async def main(args) -> dict:
                 if "throughput" in args.measure:
                     rows["tx_fluxpg"].append(await tx_throughput(
                         app, dsn, "SELECT fluxpg.publish('$queue/txq/k', $1)", (PAYLOAD,),
-                        drain="SELECT EXISTS (SELECT FROM fluxpg.outbox_commits)", mgr=mgr))
+                        drain=OUTBOX_WAITING, mgr=mgr))
                     if pgmq:
                         rows["tx_pgmq"].append(await tx_throughput(app, dsn, pgmq, (body,)))
                 if "e2e" in args.measure:

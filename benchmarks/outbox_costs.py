@@ -44,12 +44,13 @@ from fluxpg.config import Config, QueueConfig  # noqa: E402
 from fluxpg.queues.manager import QueueManager  # noqa: E402
 from fluxpg.testing import fresh_database  # noqa: E402
 
-PAYLOAD_HEX = "78" * 256           # 256 bytes, as benchmarks/outbox.py
+from benchmarks.outbox import OUTBOX_WAITING, PAYLOAD, checkpoint, install_pgmq  # noqa: E402
+
 TOPIC = "$queue/txq/k"
 
 
 def ladder(queue_id: int, pgmq: bool) -> list[tuple[str, str]]:
-    payload = f"'\\x{PAYLOAD_HEX}'::bytea"
+    payload = f"'\\x{PAYLOAD.hex()}'::bytea"
     outbox = ("INSERT INTO fluxpg.outbox (queue_id, topic, payload, headers, part_key, marks) "
               f"VALUES ({queue_id}, '{TOPIC}', {payload}, NULL, NULL, {{marks}})")
     rows = [
@@ -59,7 +60,7 @@ def ladder(queue_id: int, pgmq: bool) -> list[tuple[str, str]]:
         ("fluxpg.publish", f"SELECT fluxpg.publish('{TOPIC}', {payload})"),
     ]
     if pgmq:
-        rows.append(("pgmq.send", "SELECT pgmq.send('bench', '{\"payload\": \"%s\"}'::jsonb)" % ("x" * 256)))
+        rows.append(("pgmq.send", "SELECT pgmq.send('bench', '{\"payload\": \"%s\"}'::jsonb)" % PAYLOAD.decode()))
     return rows
 
 
@@ -75,10 +76,7 @@ def process_cpu_seconds() -> float:
 
 
 async def run_row(admin: asyncpg.Connection, dsn: str, script: Path, *, clients: int, seconds: float) -> dict:
-    try:
-        await admin.execute("CHECKPOINT")
-    except asyncpg.InsufficientPrivilegeError:
-        pass
+    await checkpoint(admin)
     machine0, broker0 = machine_cpu_seconds(), process_cpu_seconds()
     proc = await asyncio.create_subprocess_exec(
         "pgbench", "--no-vacuum", "--protocol=prepared", f"--client={clients}", f"--jobs={min(clients, 2)}",
@@ -90,7 +88,7 @@ async def run_row(admin: asyncpg.Connection, dsn: str, script: Path, *, clients:
         raise RuntimeError(f"pgbench failed ({proc.returncode}): {err.decode(errors='replace').strip()}")
     n = int(done.group(1))
     # The sequencer's share belongs to this row: wait until it has moved the last marker.
-    while await admin.fetchval("SELECT EXISTS (SELECT FROM fluxpg.outbox_commits)"):
+    while await admin.fetchval(OUTBOX_WAITING):
         await asyncio.sleep(0.01)
     machine, broker = machine_cpu_seconds() - machine0, process_cpu_seconds() - broker0
     # Rows inserted without a marker are never moved: cleared outside the measurement.
@@ -107,8 +105,7 @@ async def main(args) -> list[dict]:
         await admin.execute("CREATE TABLE bench_plain (id bigserial PRIMARY KEY, payload bytea NOT NULL, "
                             "created_at timestamptz NOT NULL DEFAULT now())")
         if args.pgmq_sql:
-            await admin.execute(args.pgmq_sql.read_text())
-            await admin.execute("SELECT pgmq.create('bench')")
+            await install_pgmq(dsn, args.pgmq_sql)
         config = Config(queues=[QueueConfig(name="txq", topics=["$queue/txq/#"], limits={"max_depth": 0})])
         mgr = await QueueManager.start(dsn, config, migrate=False, retention=False)
         try:

@@ -37,8 +37,10 @@ COMMENT ON SEQUENCE fluxpg.route_versions IS 'Routing versions: each routing cha
 SELECT setval('fluxpg.route_versions', (SELECT coalesce(sum(weight), 0)::bigint + 1 FROM fluxpg.route_changes), false);
 DROP TABLE fluxpg.route_changes;
 
+-- Until the first routing change: -1, a number no version and no sum of route_changes is, so no
+-- route cached before this revision is reused.
 CREATE FUNCTION fluxpg._route_version() RETURNS bigint
-IMMUTABLE PARALLEL SAFE LANGUAGE sql AS $$ SELECT 0::bigint $$;
+IMMUTABLE PARALLEL SAFE LANGUAGE sql AS $$ SELECT -1::bigint $$;
 COMMENT ON FUNCTION fluxpg._route_version() IS 'The routing version: a constant, replaced by every committed routing change (trigger function fluxpg._route_changed); fluxpg.publish reuses a session''s cached route while it is the one the route was computed at';
 
 CREATE OR REPLACE FUNCTION fluxpg._route_changed() RETURNS trigger
@@ -56,12 +58,4 @@ BEGIN
   EXECUTE format('CREATE OR REPLACE FUNCTION fluxpg._route_version() RETURNS bigint '
                  'IMMUTABLE PARALLEL SAFE LANGUAGE sql AS %L', format('SELECT %s::bigint', version));
   RETURN NULL;
-END $$;
-
--- The first version: above every sum of route_changes, so every route cached before is dropped.
-DO $$
-BEGIN
-  EXECUTE format('CREATE OR REPLACE FUNCTION fluxpg._route_version() RETURNS bigint '
-                 'IMMUTABLE PARALLEL SAFE LANGUAGE sql AS %L',
-                 format('SELECT %s::bigint', nextval('fluxpg.route_versions')));
 END $$;

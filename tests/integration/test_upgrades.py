@@ -35,7 +35,7 @@ def snapshot(dsn: str) -> dict[str, object]:
         "functions": """SELECT p.oid::regprocedure::text, p.prokind::text,
                                CASE WHEN p.prokind = 'a' THEN NULL
                                     WHEN p.proname = '_route_version'
-                                    THEN regexp_replace(pg_get_functiondef(p.oid), 'SELECT \\d+::bigint', 'SELECT N::bigint')
+                                    THEN regexp_replace(pg_get_functiondef(p.oid), 'SELECT -?\\d+::bigint', 'SELECT N::bigint')
                                     ELSE pg_get_functiondef(p.oid) END,
                                obj_description(p.oid, 'pg_proc')
                           FROM pg_proc p WHERE p.pronamespace = 'fluxpg'::regnamespace""",
